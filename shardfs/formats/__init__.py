@@ -1,0 +1,20 @@
+"""Shard formats, chosen by file suffix. A format module is imported only when used."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import ShardFormat, ShardFormatError  # noqa: F401 (re-exported)
+
+_BY_SUFFIX = {".tar": "tar", ".lz4shard": "lz4shard"}
+
+
+def suffixes() -> tuple[str, ...]:
+    return tuple(_BY_SUFFIX)
+
+
+def format_for(path: str) -> ShardFormat | None:
+    for suffix, module in _BY_SUFFIX.items():
+        if path.endswith(suffix):
+            return importlib.import_module(f"{__name__}.{module}").FORMAT
+    return None

@@ -1,0 +1,192 @@
+"""Tar shards: one pass over the headers, yielding where every member's bytes are.
+
+Written by hand rather than with ``tarfile`` for two reasons measured here:
+``tarfile`` costs ~15 us per member (15 s to index 1M tiny files, this scanner
+~3 s), and it gives up at the first damaged header without telling us which
+members before it were fine. Handles ustar, GNU (long names/links, base-256
+numbers) and PAX (path, linkpath, size, mtime; global headers).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError
+
+BLOCK = 512
+WINDOW = 64 * 1024
+MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record larger than this is hostile
+
+_REGULAR = {b"0", b"\0", b"7"}
+_SKIPPED = {b"3": "character device", b"4": "block device", b"6": "fifo", b"S": "GNU sparse file"}
+_IGNORED = {b"V", b"D", b"M", b"N"}  # GNU volume labels, dumpdirs, multi-volume parts
+
+
+class _Window:
+    """Reads a file in 64 KiB windows so that consecutive small headers cost one syscall."""
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self.start, self.buf = 0, b""
+
+    def get(self, pos: int, n: int) -> bytes:
+        off = pos - self.start
+        if off < 0 or off + n > len(self.buf):
+            self.start, self.buf = pos, os.pread(self.fd, max(n, WINDOW), pos)
+            off = 0
+        return self.buf[off : off + n]
+
+
+def _number(field: bytes) -> int:
+    if field and field[0] & 0x80:  # GNU base-256 for values that do not fit in octal
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise ShardFormatError(f"bad number field {field!r}") from None
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = header[148:156]
+    try:
+        want = _number(stored)
+    except ShardFormatError:
+        return False
+    unsigned = sum(header[:148]) + 256 + sum(header[156:])
+    if want == unsigned:
+        return True
+    signed = sum(b - 256 if b > 127 else b for b in header[:148] + b" " * 8 + header[156:])
+    return want == signed
+
+
+def _pax_records(data: bytes) -> dict[bytes, bytes]:
+    records, pos = {}, 0
+    while pos < len(data):
+        if data[pos] == 0:
+            break
+        space = data.find(b" ", pos)
+        if space < 0:
+            raise ShardFormatError("bad PAX record")
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise ShardFormatError("bad PAX record length") from None
+        if length <= space - pos or pos + length > len(data):
+            raise ShardFormatError("PAX record length out of range")
+        key, sep, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if not sep:
+            raise ShardFormatError("PAX record without '='")
+        records[key] = value
+        pos += length
+    return records
+
+
+def _name_field(field: bytes) -> bytes:
+    return field.split(b"\0", 1)[0]
+
+
+class TarFormat:
+    name = "tar"
+    suffixes = (".tar",)
+
+    def open_layout(self, path: str, size: int) -> IdentityLayout:
+        return IdentityLayout()
+
+    def scan(self, path: str) -> ScanResult:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            result = ScanResult(members=[], warnings=[])
+            try:
+                self._scan(_Window(fd, size), size, result)
+            except ShardFormatError as exc:
+                result.error = str(exc)
+            # Headers were read once, to build the index: do not let them crowd the page cache.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            return result
+        finally:
+            os.close(fd)
+
+    def _scan(self, win: _Window, size: int, result: ScanResult) -> None:
+        pos = 0
+        pax_global: dict[bytes, bytes] = {}
+        pax: dict[bytes, bytes] = {}
+        long_name = long_link = None
+        while pos + BLOCK <= size:
+            header = win.get(pos, BLOCK)
+            if header.count(0) == BLOCK:
+                return  # end-of-archive marker
+            if not _checksum_ok(header):
+                what = "not a tar archive" if pos == 0 else "damaged header"
+                raise ShardFormatError(f"{what}: bad header checksum at offset {pos}")
+            typeflag = header[156:157]
+            data_size = _number(header[124:136])
+            if data_size < 0:
+                raise ShardFormatError(f"negative size in header at offset {pos}")
+            data_at = pos + BLOCK
+            next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
+
+            if typeflag in (b"x", b"g", b"L", b"K"):
+                if data_size > MAX_EXT_HEADER:
+                    raise ShardFormatError(f"extended header of {data_size} bytes at offset {pos}")
+                if data_at + data_size > size:
+                    raise ShardFormatError(f"truncated inside the extended header at offset {pos}")
+                data = win.get(data_at, data_size)
+                if typeflag == b"x":
+                    pax = _pax_records(data)
+                elif typeflag == b"g":
+                    pax_global.update(_pax_records(data))
+                elif typeflag == b"L":
+                    long_name = data.split(b"\0", 1)[0]
+                else:
+                    long_link = data.split(b"\0", 1)[0]
+                pos = next_pos
+                continue
+
+            attrs = {**pax_global, **pax}
+            if long_name is not None:
+                name = long_name
+            elif header[257:263] == b"ustar\x00" and header[345] != 0:
+                name = _name_field(header[345:500]) + b"/" + _name_field(header[:100])
+            else:
+                name = _name_field(header[:100])
+            name = attrs.get(b"path", name)
+            link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
+            pax, long_name, long_link = {}, None, None
+
+            try:
+                if b"size" in attrs:
+                    data_size = int(attrs[b"size"])
+                    next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
+                mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
+            except ValueError:
+                raise ShardFormatError(f"bad PAX size or mtime for member {name!r}") from None
+            mode = _number(header[100:108]) & 0o7777
+
+            if typeflag in _REGULAR:
+                if data_at + data_size > size:
+                    raise ShardFormatError(
+                        f"truncated: member {name.decode('utf-8', 'backslashreplace')} needs "
+                        f"{data_at + data_size} bytes, the shard has {size}"
+                    )
+                result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime))
+            elif typeflag == b"5":
+                result.members.append(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
+            elif typeflag == b"2":
+                result.members.append(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
+            elif typeflag == b"1":
+                result.members.append(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
+            elif typeflag in _SKIPPED:
+                shown = name.decode("utf-8", "backslashreplace")
+                result.warnings.append(f"member {shown}: {_SKIPPED[typeflag]} not served")
+            elif typeflag not in _IGNORED:
+                shown = name.decode("utf-8", "backslashreplace")
+                result.warnings.append(f"member {shown}: unknown tar type {typeflag!r} not served")
+            pos = next_pos
+
+
+FORMAT = TarFormat()

@@ -1,0 +1,214 @@
+"""FUSE operations: translation only. Lookups go to the Tree, reads to the MemberReader.
+
+Tuned for immutable data (see README, "How it works"): ``open`` and ``flush``
+answer ENOSYS so the kernel stops sending OPEN/RELEASE/FLUSH (zero-message
+opens) and keeps the page cache across opens; long entry/attr/negative timeouts
+mean a second epoch never asks the daemon for a lookup. So ``read`` gets no file
+handle and works from the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+from typing import Callable
+
+from . import names
+from .formats.base import Kind, ShardFormatError
+from .fuselib import load as load_fuse
+from .reader import MemberReader
+from .shards import Shard, ShardIOError
+from .stats import STATS_XATTR, Stats
+from .tree import Tree
+
+log = logging.getLogger(__name__)
+fuse = load_fuse()
+
+TIMEOUT = 24 * 3600.0  # shards are immutable while mounted
+XATTR_SHARD = "user.shardfs.shard"
+XATTR_OFFSET = "user.shardfs.offset"
+XATTR_FORMAT = "user.shardfs.format"
+
+
+def _erofs(*_args, **_kwargs):
+    raise fuse.FuseOSError(errno.EROFS)
+
+
+class ShardFS(fuse.Operations):
+    use_ns = True
+
+    def __init__(
+        self,
+        tree: Tree,
+        shards: list[Shard],
+        reader: MemberReader,
+        stats: Stats,
+        extra_stats: Callable[[], dict] = dict,
+        on_ready: Callable[[], None] | None = None,
+    ):
+        self.tree, self.shards, self.reader, self.stats = tree, shards, reader, stats
+        self.extra_stats = extra_stats
+        self.on_ready = on_ready
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self._reported: set[str] = set()
+        self._dir_attrs = [self._make_dir_attrs(d) for d in range(tree.ndirs)]
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def init_with_config(self, conn, config) -> None:
+        if config is not None:
+            config.entry_timeout = TIMEOUT
+            config.attr_timeout = TIMEOUT
+            config.negative_timeout = TIMEOUT
+            config.kernel_cache = 1
+            config.use_ino = 1
+        if self.on_ready is not None:
+            self.on_ready()
+
+    # ---- helpers ---------------------------------------------------------
+
+    def _ino(self, path: str) -> int:
+        ino = self.tree.lookup(os.fsencode(path)[1:])
+        if not ino:
+            raise fuse.FuseOSError(errno.ENOENT)
+        return ino
+
+    def _make_dir_attrs(self, d: int) -> dict:
+        info = self.tree.dirs[d]
+        return {
+            "st_ino": d + 1,
+            "st_mode": stat.S_IFDIR | info.mode,
+            "st_nlink": self.tree.dir_nlink[d],
+            "st_size": 4096,
+            "st_blocks": 8,
+            "st_uid": self.uid,
+            "st_gid": self.gid,
+            "st_mtime": int(info.mtime * 1e9),
+            "st_ctime": int(info.mtime * 1e9),
+            "st_atime": int(info.mtime * 1e9),
+        }
+
+    # ---- metadata --------------------------------------------------------
+
+    def getattr(self, path: str, fh=None) -> dict:
+        self.stats.op("getattr")
+        ino = self._ino(path)
+        tree = self.tree
+        if tree.is_dir(ino):
+            return self._dir_attrs[ino - 1]
+        m = tree.member(ino)
+        size = int(tree.size[m])
+        kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
+        mtime = int(float(tree.mtime[m]) * 1e9)
+        return {
+            "st_ino": ino,
+            "st_mode": kind | int(tree.mode[m]),
+            "st_nlink": 1,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_uid": self.uid,
+            "st_gid": self.gid,
+            "st_mtime": mtime,
+            "st_ctime": mtime,
+            "st_atime": mtime,
+        }
+
+    def readdir(self, path: str, fh):
+        self.stats.op("readdir")
+        ino = self._ino(path)
+        tree = self.tree
+        if not tree.is_dir(ino):
+            raise fuse.FuseOSError(errno.ENOTDIR)
+        subdirs, files = tree.children(ino)
+        # Entries carry their inode: with use_ino an entry of inode 0 would be skipped by readdir(3).
+        yield ".", {"st_mode": stat.S_IFDIR, "st_ino": ino}, 0
+        yield "..", {"st_mode": stat.S_IFDIR, "st_ino": 1}, 0
+        for d in subdirs:
+            yield os.fsdecode(names.basename_of(tree.dirs[d].path)), {"st_mode": stat.S_IFDIR, "st_ino": d + 1}, 0
+        base = tree.ndirs + 1
+        for m in files.tolist():
+            kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
+            yield os.fsdecode(names.basename_of(tree.name(m))), {"st_mode": kind, "st_ino": base + m}, 0
+
+    def readlink(self, path: str) -> str:
+        self.stats.op("readlink")
+        ino = self._ino(path)
+        target = None if self.tree.is_dir(ino) else self.tree.symlinks.get(self.tree.member(ino))
+        if target is None:
+            raise fuse.FuseOSError(errno.EINVAL)
+        return os.fsdecode(target)
+
+    def statfs(self, path: str) -> dict:
+        self.stats.op("statfs")
+        tree = self.tree
+        return {
+            "f_bsize": 4096,
+            "f_frsize": 4096,
+            "f_blocks": (tree.total_size + 4095) // 4096,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": tree.ndirs + tree.nfiles,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
+        }
+
+    def listxattr(self, path: str) -> list[str]:
+        self.stats.op("listxattr")
+        ino = self._ino(path)
+        if self.tree.is_dir(ino):
+            return [STATS_XATTR] if ino == 1 else []
+        return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        self.stats.op("getxattr")
+        ino = self._ino(path)
+        tree = self.tree
+        if ino == 1 and name == STATS_XATTR:
+            return json.dumps({**self.stats.snapshot(), **self.extra_stats()}).encode()
+        if not tree.is_dir(ino):
+            m = tree.member(ino)
+            shard = self.shards[int(tree.shard[m])]
+            if name == XATTR_SHARD:
+                return os.fsencode(shard.path)
+            if name == XATTR_OFFSET:
+                return str(int(tree.offset[m])).encode()
+            if name == XATTR_FORMAT:
+                return shard.format_name.encode()
+        raise fuse.FuseOSError(errno.ENODATA)
+
+    # ---- data ------------------------------------------------------------
+
+    def open(self, path: str, flags: int) -> int:
+        raise fuse.FuseOSError(errno.ENOSYS)  # zero-message opens, see module docstring
+
+    def flush(self, path: str, fh: int) -> int:
+        raise fuse.FuseOSError(errno.ENOSYS)
+
+    def read(self, path: str, size: int, offset: int, fh) -> bytes:
+        ino = self._ino(path)
+        if self.tree.is_dir(ino):
+            raise fuse.FuseOSError(errno.EISDIR)
+        try:
+            data = self.reader.read(self.tree.member(ino), offset, size)
+        except (ShardIOError, ShardFormatError) as exc:
+            self.stats.error()
+            self._report(path, exc)
+            raise fuse.FuseOSError(errno.EIO) from None
+        self.stats.served(len(data))
+        return data
+
+    def _report(self, path: str, exc: Exception) -> None:
+        # Shard-level failures are logged by Shard; format errors (a bad block) once per message.
+        msg = str(exc)
+        if isinstance(exc, ShardFormatError) and msg not in self._reported and len(self._reported) < 1000:
+            self._reported.add(msg)
+            log.error("%s: %s; answering EIO", path, msg)
+
+    # ---- every write answers EROFS (the mount is also "ro") --------------
+
+    chmod = chown = create = link = mkdir = mknod = rename = rmdir = _erofs
+    setxattr = removexattr = symlink = truncate = unlink = utimens = write = _erofs

@@ -1,0 +1,222 @@
+"""The index of one shard: compact numpy arrays of its members, persisted beside it.
+
+An index is built once per shard (scan its headers, vet its names) and saved as
+an uncompressed ``.npz`` so that a remount only maps a few arrays back in. It is
+valid while the shard's size and mtime are those it was built from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import names
+from .formats import format_for
+from .formats.base import Kind
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".shardfs-idx"
+
+
+def path_hash(path: bytes) -> int:
+    """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+@dataclass
+class ShardIndex:
+    """Members of one shard. Member ``i`` is ``names[name_end[i-1]:name_end[i]]``."""
+
+    format: str
+    shard_size: int
+    shard_mtime_ns: int
+    names: bytes
+    name_end: np.ndarray  # int64, cumulative end offsets into ``names``
+    kind: np.ndarray  # uint8 (formats.base.Kind)
+    offset: np.ndarray  # int64, into the shard's logical data stream
+    size: np.ndarray  # int64
+    mode: np.ndarray  # uint16 permission bits
+    mtime: np.ndarray  # float64
+    hash: np.ndarray  # uint64 path_hash of each name
+    parent: np.ndarray  # uint32 index into ``dirs``
+    dirs: list[bytes]  # distinct parent directories ("" is the root)
+    symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None  # the scan stopped here; members before it are good
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def name(self, i: int) -> bytes:
+        start = int(self.name_end[i - 1]) if i else 0
+        return self.names[start : int(self.name_end[i])]
+
+
+def build(shard_path: str) -> ShardIndex:
+    """Scan a shard and vet every member name. Damage is recorded, never raised."""
+    st = os.stat(shard_path)
+    fmt = format_for(shard_path)
+    if fmt is None:
+        raise ValueError(f"{shard_path}: not a known shard type")
+    result = fmt.scan(shard_path)
+    shown = os.path.basename(shard_path)
+    warnings = [f"{shown}: {w}" for w in result.warnings]
+
+    # Vet names; a later member of the same name replaces an earlier one (tar semantics).
+    kept: dict[bytes, object] = {}
+    for rec in result.members:
+        try:
+            path = names.normalise(rec.path)
+        except names.BadName as why:
+            if rec.kind == Kind.DIR and not rec.path.strip(b"./"):
+                continue  # "./": the root itself, as `tar -C dir .` writes it
+            warnings.append(f"{shown}: member {names.show(rec.path)} refused: name {why}")
+            continue
+        if rec.kind == Kind.HARDLINK:
+            try:
+                target = kept.get(names.normalise(rec.link))
+            except names.BadName:
+                target = None
+            if target is None or target.kind == Kind.DIR:
+                warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
+                continue
+            rec.kind, rec.offset, rec.size, rec.link = target.kind, target.offset, target.size, target.link
+        if path in kept:
+            warnings.append(f"{shown}: member {names.show(path)} appears twice; the later one is served")
+            del kept[path]  # keep insertion order = position of the later member
+        rec.path = path
+        kept[path] = rec
+
+    members = list(kept.values())
+    dir_ids: dict[bytes, int] = {}
+    parent = np.empty(len(members), dtype=np.uint32)
+    for i, rec in enumerate(members):
+        parent[i] = dir_ids.setdefault(names.parent_of(rec.path), len(dir_ids))
+    name_list = [rec.path for rec in members]
+    return ShardIndex(
+        format=fmt.name,
+        shard_size=st.st_size,
+        shard_mtime_ns=st.st_mtime_ns,
+        names=b"".join(name_list),
+        name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
+        kind=np.array([rec.kind for rec in members], dtype=np.uint8),
+        offset=np.array([rec.offset for rec in members], dtype=np.int64),
+        size=np.array([rec.size for rec in members], dtype=np.int64),
+        mode=np.array([rec.mode for rec in members], dtype=np.uint16),
+        mtime=np.array([rec.mtime for rec in members], dtype=np.float64),
+        hash=np.array([path_hash(n) for n in name_list], dtype=np.uint64),
+        parent=parent,
+        dirs=list(dir_ids),
+        symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
+        warnings=warnings,
+        error=f"{shown}: {result.error}" if result.error else None,
+    )
+
+
+_ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent")
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _bytes(s: str) -> bytes:
+    return s.encode("utf-8", "surrogateescape")
+
+
+def save(index: ShardIndex, path: str) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half an index."""
+    meta = {
+        "version": INDEX_VERSION,
+        "format": index.format,
+        "shard_size": index.shard_size,
+        "shard_mtime_ns": index.shard_mtime_ns,
+        "dirs": [_text(d) for d in index.dirs],
+        "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
+        "warnings": index.warnings,
+        "error": index.error,
+    }
+    arrays = {name: getattr(index, name) for name in _ARRAYS}
+    arrays["names"] = np.frombuffer(index.names, dtype=np.uint8)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=INDEX_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            np.savez(out, **arrays)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def load(path: str) -> ShardIndex:
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(npz["meta"].tobytes())
+        if meta.get("version") != INDEX_VERSION:
+            raise ValueError(f"index version {meta.get('version')}, expected {INDEX_VERSION}")
+        return ShardIndex(
+            format=meta["format"],
+            shard_size=meta["shard_size"],
+            shard_mtime_ns=meta["shard_mtime_ns"],
+            names=npz["names"].tobytes(),
+            dirs=[_bytes(d) for d in meta["dirs"]],
+            symlinks={int(i): _bytes(t) for i, t in meta["symlinks"].items()},
+            warnings=meta["warnings"],
+            error=meta["error"],
+            **{name: npz[name] for name in _ARRAYS},
+        )
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardfs")
+
+
+def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
+    """Where an index may live: beside the shard first, then in the cache directory."""
+    real = os.path.realpath(shard_path)
+    tag = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    cached = os.path.join(index_dir or cache_dir(), f"{os.path.basename(real)}.{tag}{INDEX_SUFFIX}")
+    return [real + INDEX_SUFFIX, cached]
+
+
+def is_current(index: ShardIndex, st: os.stat_result) -> bool:
+    return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns
+
+
+def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
+    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved")."""
+    st = os.stat(shard_path)
+    candidates = candidate_paths(shard_path, index_dir)
+    if not rebuild:
+        for path in candidates:
+            try:
+                index = load(path)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+                log.warning("ignoring unreadable index %s: %s", path, exc)
+                continue
+            if is_current(index, st):
+                return index, "loaded"
+            log.info("index %s is stale (shard changed); rebuilding", path)
+    index = build(shard_path)
+    for path in candidates:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save(index, path)
+            return index, "built"
+        except OSError:
+            continue
+    log.warning("%s: could not save its index anywhere (%s)", shard_path, ", ".join(candidates))
+    return index, "built, not saved"

@@ -1,0 +1,47 @@
+"""Member names: normalise them and refuse the ones that must never be served."""
+
+from __future__ import annotations
+
+MAX_NAME = 255  # NAME_MAX of Linux: a longer component cannot be looked up anyway
+MAX_PATH = 4095
+
+
+class BadName(ValueError):
+    pass
+
+
+def normalise(raw: bytes) -> bytes:
+    """``./a//b/`` -> ``a/b``; raises BadName for names that would escape or break the tree.
+
+    Names stay bytes end to end: a non-UTF-8 name is served as the same bytes
+    (mfusepy decodes with surrogateescape), never mangled.
+    """
+    if b"\0" in raw:
+        raise BadName("contains a NUL byte")
+    if raw.startswith(b"/"):
+        raise BadName("is absolute")
+    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+    if any(p == b".." for p in parts):
+        raise BadName("climbs out of the tree (..)")
+    if not parts:
+        raise BadName("is empty")
+    if any(len(p) > MAX_NAME for p in parts):
+        raise BadName(f"has a component longer than {MAX_NAME} bytes")
+    path = b"/".join(parts)
+    if len(path) > MAX_PATH:
+        raise BadName(f"is longer than {MAX_PATH} bytes")
+    return path
+
+
+def show(name: bytes) -> str:
+    """A name for a log line: printable, never raises."""
+    return name.decode("utf-8", "backslashreplace")
+
+
+def parent_of(path: bytes) -> bytes:
+    cut = path.rfind(b"/")
+    return b"" if cut < 0 else path[:cut]
+
+
+def basename_of(path: bytes) -> bytes:
+    return path[path.rfind(b"/") + 1 :]

@@ -1,0 +1,37 @@
+"""Member reads: from the tree's (shard, offset, size) to bytes, through a fetcher of raw shard bytes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .shards import Shard
+from .tree import Tree
+
+
+class Fetcher(Protocol):
+    def fetch(self, shard: int, offset: int, length: int) -> bytes: ...
+
+
+class DirectFetcher:
+    """No cache: every read goes to the shard file."""
+
+    def __init__(self, shards: list[Shard]):
+        self.shards = shards
+
+    def fetch(self, shard: int, offset: int, length: int) -> bytes:
+        return self.shards[shard].pread(offset, length)
+
+
+class MemberReader:
+    def __init__(self, tree: Tree, shards: list[Shard], fetcher: Fetcher):
+        self.tree, self.shards, self.fetcher = tree, shards, fetcher
+
+    def read(self, m: int, offset: int, size: int) -> bytes:
+        tree = self.tree
+        length = min(size, int(tree.size[m]) - offset)
+        if length <= 0:
+            return b""
+        s = int(tree.shard[m])
+        layout = self.shards[s].layout()
+        fetch = lambda off, n: self.fetcher.fetch(s, off, n)  # noqa: E731
+        return layout.read(int(tree.offset[m]) + offset, length, fetch)

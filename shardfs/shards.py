@@ -1,0 +1,78 @@
+"""Open shard files: lazily opened descriptors, checked against their index, positional reads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .formats import format_for
+from .formats.base import DataLayout, ShardFormatError
+
+log = logging.getLogger(__name__)
+
+
+class ShardIOError(Exception):
+    """A read from a shard failed; the FUSE layer answers EIO and the message is logged once."""
+
+
+class Shard:
+    def __init__(self, path: str, size: int, mtime_ns: int):
+        self.path, self.size, self.mtime_ns = path, size, mtime_ns
+        self.name = os.path.basename(path)
+        self.format_name = format_for(path).name
+        self.broken: str | None = None
+        self._fd: int | None = None
+        self._layout: DataLayout | None = None
+        self._lock = threading.RLock()  # _fail is called with it held
+
+    def _fail(self, why: str) -> ShardIOError:
+        with self._lock:
+            if self.broken is None:
+                self.broken = why
+                log.error("%s: %s; its files now answer EIO", self.path, why)
+        return ShardIOError(f"{self.path}: {why}")
+
+    def fd(self) -> int:
+        if self._fd is not None:
+            return self._fd
+        if self.broken:
+            raise ShardIOError(self.broken)
+        with self._lock:
+            if self._fd is None:
+                try:
+                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as exc:
+                    raise self._fail(f"cannot open: {exc.strerror}") from None
+                st = os.fstat(fd)
+                if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+                    os.close(fd)
+                    raise self._fail("changed since its index was built (size or mtime differ)")
+                self._fd = fd
+        return self._fd
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset``, or ShardIOError."""
+        fd = self.fd()
+        try:
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise self._fail(f"read error at offset {offset}: {exc.strerror}") from None
+        if len(data) != length:
+            raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
+        return data
+
+    def layout(self) -> DataLayout:
+        if self._layout is None:
+            fmt = format_for(self.path)
+            try:
+                self._layout = fmt.open_layout(self.path, self.size)
+            except (OSError, ShardFormatError) as exc:
+                raise self._fail(f"cannot read its tables: {exc}") from None
+        return self._layout
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

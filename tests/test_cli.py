@@ -1,0 +1,90 @@
+"""What a user sees when something is wrong: exit status 2 and one line saying what to do."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import force_unmount, needs_fuse, shardfs_cmd
+
+
+def _one_line_error(done, *fragments):
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_usage_errors(tmp_path, tar_shards):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "readme.txt").write_text("x")
+
+    _one_line_error(shardfs_cmd("mount", str(tmp_path / "nope"), str(mnt)), "no such file or directory")
+    _one_line_error(shardfs_cmd("mount", str(empty), str(mnt)), "no shard found")
+    _one_line_error(shardfs_cmd("mount", str(tmp_path / "other"), str(mnt)), "no shard found")
+    _one_line_error(shardfs_cmd("mount", str(tmp_path / "other" / "readme.txt"), str(mnt)), "not a shard")
+    _one_line_error(shardfs_cmd("mount", str(tmp_path / "x*.tar"), str(mnt)), "matches no shard")
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(tmp_path / "missing")), "does not exist", "mkdir")
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "-o", "rw"), "unknown mount option")
+    _one_line_error(shardfs_cmd("umount", str(mnt)), "not mounted")
+
+
+@needs_fuse
+def test_busy_mountpoint_and_glob_sources(tar_shards, tmp_path, mount):
+    m = mount(str(tar_shards / "train-00000[01].tar"), str(tar_shards / "train-000003.tar"))
+    assert m.stats()["shards"] == 3
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), m.path), "busy")
+
+
+@needs_fuse
+def test_stale_mount_after_sigkill_is_cleaned_by_next_mount(tar_shards, tmp_path, mount):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "--foreground"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(mnt):
+            assert daemon.poll() is None and time.monotonic() < deadline, "daemon did not mount"
+            time.sleep(0.05)
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+        try:
+            os.listdir(mnt)
+            raise AssertionError("expected a stale mount")
+        except OSError as exc:
+            assert exc.errno == 107  # ENOTCONN: Transport endpoint is not connected
+        m = mount(tar_shards)
+        assert "cleaned a stale mount" in m.output
+        assert len(os.listdir(os.path.join(m.path, "train"))) == 6
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        force_unmount(str(mnt))
+
+
+@needs_fuse
+def test_foreground_daemon_exits_zero_on_sigterm_and_unmounts(tar_shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "-f"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(mnt):
+            assert daemon.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0
+        assert not os.path.ismount(mnt)
+        assert "unmounted" in daemon.stderr.read()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        force_unmount(str(mnt))

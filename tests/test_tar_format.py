@@ -1,0 +1,127 @@
+"""The tar scanner against what real tools write, and against damage."""
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from shardfs import index, names
+from shardfs.formats.base import Kind
+from shardfs.formats.tar import FORMAT as TAR
+from tarcraft import archive, header, member
+
+LONG = "a/" + "b" * 120 + "/" + "c" * 120 + ".txt"  # > 100 bytes: GNU long name / PAX / ustar prefix
+
+
+def _tree(root):
+    (root / "cls1").mkdir(parents=True)
+    (root / "cls1" / "x.jpg").write_bytes(b"x" * 700)
+    (root / "cls2").mkdir()
+    (root / "cls2" / "y.jpg").write_bytes(b"y" * 3)
+    deep = root / os.path.dirname(LONG)
+    deep.mkdir(parents=True)
+    (root / LONG).write_bytes(b"long")
+    os.symlink("x.jpg", root / "cls1" / "link.jpg")
+
+
+def _read(path, rec):
+    with open(path, "rb") as f:
+        f.seek(rec.offset)
+        return f.read(rec.size)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
+def test_gnu_tar_sort_name_output(tmp_path, fmt):
+    _tree(tmp_path / "src")
+    out = tmp_path / f"{fmt}.tar"
+    done = subprocess.run(["tar", "--sort=name", f"--format={fmt}", "-cf", str(out), "-C", str(tmp_path / "src"), "."],
+                          capture_output=True)
+    if done.returncode != 0:  # ustar cannot hold every name: that is tar's refusal, not ours
+        assert fmt == "ustar"
+        pytest.skip(done.stderr.decode())
+    ix = index.build(str(out))
+    assert ix.error is None and ix.warnings == []
+    result = TAR.scan(str(out))
+    by_name = {names.normalise(r.path): r for r in result.members if r.path.strip(b"./")}
+    assert _read(out, by_name[b"cls1/x.jpg"]) == b"x" * 700
+    assert _read(out, by_name[LONG.encode()]) == b"long"
+    assert by_name[b"cls1/link.jpg"].kind == Kind.SYMLINK and by_name[b"cls1/link.jpg"].link == b"x.jpg"
+    assert by_name[b"cls2"].kind == Kind.DIR
+
+
+def test_tarfile_formats_and_hardlinks(tmp_path):
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        path = tmp_path / f"{fmt}.tar"
+        with tarfile.open(path, "w", format=fmt) as tf:
+            for name, data in (("dir/" + "p" * 90 + "/f.bin", b"1" * 513), ("top.bin", b"")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+            link = tarfile.TarInfo("alias.bin")
+            link.type, link.linkname = tarfile.LNKTYPE, "dir/" + "p" * 90 + "/f.bin"
+            tf.addfile(link)
+        ix = index.build(str(path))
+        assert ix.error is None and ix.warnings == []
+        got = {ix.name(i): (int(ix.offset[i]), int(ix.size[i])) for i in range(len(ix))}
+        assert got[b"alias.bin"] == got[("dir/" + "p" * 90 + "/f.bin").encode()]
+        assert got[b"top.bin"][1] == 0
+
+
+def test_base256_size_and_skipped_types(tmp_path):
+    h = bytearray(header(b"big.bin", 0))
+    h[124:136] = b"\x80" + (5).to_bytes(11, "big")  # GNU base-256 size
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    data = bytes(h) + b"hello".ljust(512, b"\0")
+    path = tmp_path / "b.tar"
+    path.write_bytes(archive(data, member(b"fifo", typeflag=b"6"), member(b"dev", typeflag=b"3")))
+    result = TAR.scan(str(path))
+    assert [(r.path, r.size) for r in result.members] == [(b"big.bin", 5)]
+    assert result.warnings == ["member fifo: fifo not served", "member dev: character device not served"]
+
+
+def test_damage_keeps_members_before_it(tmp_path):
+    good = member(b"one.txt", b"1") + member(b"two.txt", b"2")
+    bad = bytearray(member(b"three.txt", b"3"))
+    bad[0] ^= 0xFF  # breaks the header checksum
+    path = tmp_path / "d.tar"
+    path.write_bytes(good + bytes(bad) + b"\0" * 1024)
+    result = TAR.scan(str(path))
+    assert [r.path for r in result.members] == [b"one.txt", b"two.txt"]
+    assert "damaged header: bad header checksum at offset 2048" in result.error
+
+
+def test_hostile_pax_records(tmp_path):
+    for record in (b"999 path=x\n", b"abc path=x\n", b"12 nokeyhere\n"):
+        path = tmp_path / "p.tar"
+        path.write_bytes(archive(member(b"pax", record, typeflag=b"x"), member(b"f", b"data")))
+        result = TAR.scan(str(path))
+        assert result.error and "PAX" in result.error and result.members == []
+
+
+def test_hardlink_to_missing_target_is_reported(tmp_path):
+    path = tmp_path / "h.tar"
+    path.write_bytes(archive(member(b"link", typeflag=b"1", linkname=b"nowhere")))
+    ix = index.build(str(path))
+    assert len(ix) == 0
+    assert ix.warnings == ["h.tar: hard link link -> nowhere: target missing"]
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (b"./a//b/", b"a/b"), (b"a/./b", b"a/b"), (b"x", b"x"), (b"\xe9t\xe9", b"\xe9t\xe9"),
+])
+def test_normalise(raw, expected):
+    assert names.normalise(raw) == expected
+
+
+@pytest.mark.parametrize("raw,why", [
+    (b"/abs", "absolute"), (b"../x", "climbs"), (b"a/../../x", "climbs"), (b"a/..", "climbs"),
+    (b"a\0b", "NUL"), (b"./", "empty"), (b"x" * 256, "longer than 255"), ((b"d/" * 2100) + b"f", "longer than 4095"),
+])
+def test_normalise_refuses(raw, why):
+    with pytest.raises(names.BadName, match=why):
+        names.normalise(raw)

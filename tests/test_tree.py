@@ -1,0 +1,47 @@
+"""The merged tree: merging, conflicts, and lookups that stay right even when hashes collide."""
+
+import numpy as np
+
+from shardfs import index, tree
+from tarcraft import archive, member
+
+
+def _indexes(tmp_path, shards):
+    out = []
+    for i, members in enumerate(shards):
+        path = tmp_path / f"s{i}.tar"
+        path.write_bytes(archive(*(member(n, d) for n, d in members)))
+        out.append(index.build(str(path)))
+    return out
+
+
+def test_classes_merge_across_shards_and_duplicates_resolve_to_last(tmp_path):
+    ixs = _indexes(tmp_path, [
+        [(b"train/a/1.jpg", b"a1"), (b"train/b/1.jpg", b"b1"), (b"dup.txt", b"first")],
+        [(b"train/a/2.jpg", b"a2"), (b"dup.txt", b"second"), (b"train/b", b"file named like a dir")],
+    ])
+    t = tree.Tree(["s0.tar", "s1.tar"], ixs)
+    assert t.lookup(b"train/a") and t.is_dir(t.lookup(b"train/a"))
+    subdirs, files = t.children(t.lookup(b"train/a"))
+    assert sorted(t.name(int(m)) for m in files) == [b"train/a/1.jpg", b"train/a/2.jpg"]
+    dup = t.member(t.lookup(b"dup.txt"))
+    assert t.shard[dup] == 1
+    assert t.is_dir(t.lookup(b"train/b"))  # the directory wins over a file of the same path
+    assert any("dup.txt is in several shards (s0.tar, s1.tar); serving the one in s1.tar" in p for p in t.problems)
+    assert any("train/b: a file in s1.tar and a directory elsewhere" in p for p in t.problems)
+    assert t.lookup(b"train/c") == 0 and t.lookup(b"") == 1
+    assert t.nfiles == 4 and t.total_size == len(b"a1b1a2second")
+
+
+def test_lookups_are_exact_when_every_hash_collides(tmp_path, monkeypatch):
+    monkeypatch.setattr(index, "path_hash", lambda path: 42)
+    monkeypatch.setattr(tree, "path_hash", lambda path: 42)
+    names = [f"d/{i}.bin".encode() for i in range(50)]
+    ixs = _indexes(tmp_path, [[(n, n) for n in names[:25]], [(n, n) for n in names[25:]]])
+    t = tree.Tree(["s0.tar", "s1.tar"], ixs)
+    assert t.problems == []  # equal hashes of different names are not duplicates
+    for n in names:
+        m = t.member(t.lookup(n))
+        assert t.name(m) == n and int(t.size[m]) == len(n)
+    assert t.lookup(b"d/50.bin") == 0
+    assert np.all(t.lookup_hash == 42)
