@@ -25,7 +25,17 @@ def _setup_logging(level: str, log_file: str | None = None) -> None:
 def _mount_options(args):
     from .daemon import MountOptions
 
-    opts = MountOptions(index_dir=args.index_dir, workers=args.workers)
+    from .cache import parse_size
+
+    opts = MountOptions(index_dir=args.index_dir, workers=args.workers, cache_size=args.cache_size,
+                        prefetch=args.prefetch, loaders=args.loaders)
+    if args.cache_size:
+        try:
+            parse_size(args.cache_size)
+        except ValueError as exc:
+            raise UsageError(f"--cache-size: {exc}") from None
+    if args.loaders < 1:
+        raise UsageError("--loaders must be at least 1")
     for opt in ",".join(args.o or []).split(","):
         if not opt or opt in ("ro", "default_permissions"):
             continue  # always on
@@ -48,6 +58,9 @@ def cmd_mount(args) -> int:
             passthrough += ["--index-dir", args.index_dir]
         if args.workers:
             passthrough += ["--workers", str(args.workers)]
+        if args.cache_size:
+            passthrough += ["--cache-size", args.cache_size]
+        passthrough += ["--prefetch", args.prefetch, "--loaders", str(args.loaders)]
         return mount.mount_detached(args.sources, args.mountpoint, passthrough, args.log_file)
 
     from .daemon import serve
@@ -135,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
                                        "(default $XDG_CACHE_HOME/shardfs)")
     p.add_argument("--workers", type=int, help="processes that build missing indexes")
+    p.add_argument("--cache-size", metavar="SIZE",
+                   help="RAM budget for shard bytes: 64G, 512M, or a share of RAM like 50%% "
+                        "(default: half of the memory available at mount)")
+    p.add_argument("--prefetch", choices=["touched", "all"], default="touched",
+                   help="load each shard when first read (default), or stream every shard in at mount")
+    p.add_argument("--loaders", type=int, default=2, help="shards loaded at once in the background (default 2)")
     p.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)

@@ -9,8 +9,9 @@ import resource
 import time
 from dataclasses import dataclass
 
+from .cache import ShardCache, default_budget, parse_size
 from .dataset import open_dataset
-from .reader import DirectFetcher, MemberReader
+from .reader import MemberReader
 from .stats import Stats
 
 log = logging.getLogger("shardfs")
@@ -25,6 +26,9 @@ class MountOptions:
     allow_other: bool = False
     index_dir: str | None = None
     workers: int | None = None
+    cache_size: str | None = None  # "64G", "50%"; None: half of the available memory
+    prefetch: str = "touched"
+    loaders: int = 2
 
 
 def _raise_fd_limit() -> None:
@@ -52,7 +56,14 @@ def serve(sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int
         len(dataset.shards), tree.nfiles, tree.ndirs, tree.total_size / 1e9, dataset.seconds, dataset.built,
     )
     stats = Stats()
-    reader = MemberReader(tree, dataset.shards, DirectFetcher(dataset.shards))
+    if opts.cache_size:
+        budget, why = parse_size(opts.cache_size), f"--cache-size {opts.cache_size}"
+    else:
+        budget, why = default_budget()
+    cache = ShardCache(dataset.shards, budget, opts.prefetch, opts.loaders)
+    log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s",
+             budget / 2**30, why, sum(s.size for s in dataset.shards) / 2**30, opts.prefetch)
+    reader = MemberReader(tree, dataset.shards, cache)
     summary = {
         "pid": os.getpid(),
         "sources": sources,
@@ -67,7 +78,7 @@ def serve(sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int
     }
 
     def extra_stats() -> dict:
-        return {**summary, "rss_peak_bytes": peak_rss_bytes()}
+        return {**summary, "rss_peak_bytes": peak_rss_bytes(), "cache": cache.snapshot()}
 
     def on_ready() -> None:
         log.info("mounted at %s", mountpoint)
@@ -91,6 +102,7 @@ def serve(sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int
             fsname=fsname,
             subtype="shardfs",
             max_threads=MAX_THREADS,
+            max_idle_threads=8,  # also silences libfuse 3.14 warning about its own default
         )
     except RuntimeError as exc:
         # libfuse's fuse_main returns 8 when its loop ends on SIGTERM/SIGINT/SIGHUP; it has
@@ -98,11 +110,14 @@ def serve(sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int
         if exc.args != (8,):
             raise
         log.info("stopped by a signal")
-    snap = stats.snapshot()
+    cache.close()
+    snap, figures = stats.snapshot(), cache.snapshot()
     log.info(
-        "unmounted %s after %.0f s: %d reads, %.1f MB served, %d read errors, peak RSS %.0f MB",
+        "unmounted %s after %.0f s: %d reads, %.1f MB served, %d read errors, peak RSS %.0f MB; "
+        "cache: %d hits, %d misses (%d direct), %.1f MB read from storage at %.0f MB/s, %d shards evicted",
         mountpoint, time.monotonic() - started, snap["fuse_ops"].get("read", 0), snap["bytes_served"] / 1e6,
-        snap["read_errors"], peak_rss_bytes() / 1e6,
+        snap["read_errors"], peak_rss_bytes() / 1e6, figures["hits"], figures["misses"], figures["direct_reads"],
+        figures["storage_bytes_read"] / 1e6, figures["storage_read_rate_MBps"], figures["shards_evicted"],
     )
     for shard in dataset.shards:
         shard.close()

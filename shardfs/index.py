@@ -90,6 +90,8 @@ def build(shard_path: str) -> ShardIndex:
                 warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
                 continue
             rec.kind, rec.offset, rec.size, rec.link = target.kind, target.offset, target.size, target.link
+        if rec.kind == Kind.SYMLINK:
+            rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
         if path in kept:
             warnings.append(f"{shown}: member {names.show(path)} appears twice; the later one is served")
             del kept[path]  # keep insertion order = position of the later member

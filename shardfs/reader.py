@@ -12,16 +12,6 @@ class Fetcher(Protocol):
     def fetch(self, shard: int, offset: int, length: int) -> bytes: ...
 
 
-class DirectFetcher:
-    """No cache: every read goes to the shard file."""
-
-    def __init__(self, shards: list[Shard]):
-        self.shards = shards
-
-    def fetch(self, shard: int, offset: int, length: int) -> bytes:
-        return self.shards[shard].pread(offset, length)
-
-
 class MemberReader:
     def __init__(self, tree: Tree, shards: list[Shard], fetcher: Fetcher):
         self.tree, self.shards, self.fetcher = tree, shards, fetcher

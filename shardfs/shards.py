@@ -62,6 +62,24 @@ class Shard:
             raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
         return data
 
+    def read_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` with the bytes at ``offset`` (no copy), or ShardIOError."""
+        fd = self.fd()
+        try:
+            got = os.preadv(fd, [view], offset)
+        except OSError as exc:
+            raise self._fail(f"read error at offset {offset}: {exc.strerror}") from None
+        if got != len(view):
+            raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
+
+    def forget(self, offset: int, length: int) -> None:
+        """Drop these bytes from the kernel's page cache of the shard file: we keep our own copy."""
+        if self._fd is not None:
+            try:
+                os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+
     def layout(self) -> DataLayout:
         if self._layout is None:
             fmt = format_for(self.path)

@@ -1,0 +1,335 @@
+"""The RAM cache of shard bytes: whole shards loaded sequentially, within a hard budget.
+
+How a read of raw shard bytes is answered (``ShardCache.fetch``):
+
+* The shard is **resident** (admitted to the cache): its bytes live in one anonymous
+  mmap of the shard's size, filled in chunks (4 MiB). Chunks the read needs that are
+  not there yet are read by the reader itself, at once, so a reader waits only for its
+  own bytes; a loader thread fills the other chunks in file order. A chunk is read once,
+  by whoever claims it first, so a shard costs one pass over storage.
+* The shard is **not resident**: at its first read it is admitted if its size fits the free
+  budget (or fits after evicting shards nobody has read for ``idle_evict`` seconds), and
+  then served as above. If it does not fit, this and later reads of it are served by
+  reading **just the requested bytes** (it is considered again only after an eviction). A
+  whole shard is never loaded (and another evicted) to serve one member, and a shard is
+  never loaded after parts of it were read directly in the same pass, so with a dataset
+  larger than the budget each epoch costs at most one pass over the data: the resident
+  part is free, the rest is read member by member.
+
+Loads a reader is waiting for go before speculative ones (``prefetch="all"``); at most
+``loaders`` shards stream in at once. Everything read from storage is dropped from the
+kernel's page cache of the shard file (POSIX_FADV_DONTNEED), so the node holds the data
+at most twice (here and in the page cache of the mounted files), never three times.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import mmap
+import os
+import re
+import threading
+import time
+
+from .shards import Shard, ShardIOError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4 << 20
+MISSING, CLAIMED, LOADED = 0, 1, 2
+WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
+PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
+PREFETCH_POLICIES = ("touched", "all")
+
+
+def parse_size(text: str, total_ram: int | None = None) -> int:
+    """``64G``, ``512M``, ``1.5T``, ``1000000`` (bytes) or ``50%`` (of RAM)."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(%|[kKmMgGtT]i?[bB]?|[bB])?", text)
+    if not match:
+        raise ValueError(f"cannot read size {text!r} (examples: 64G, 512M, 50%)")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError(f"cache share {text!r} must be between 0 and 100%")
+        return int((total_ram or memory_total()) * number / 100)
+    scale = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[:1] if unit else ""]
+    return int(number * scale)
+
+
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def memory_total() -> int:
+    return _meminfo("MemTotal")
+
+
+def default_budget() -> tuple[int, str]:
+    """Half of the memory available now: leaves room for the training job itself."""
+    available = _meminfo("MemAvailable")
+    return available // 2, f"half of the {available / 2**30:.1f} GiB available at mount"
+
+
+class Resident:
+    """One admitted shard: its buffer and which chunks of it are loaded."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+        self.size = shard.size
+        self.buf = mmap.mmap(-1, max(self.size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        nchunks = (self.size + CHUNK - 1) // CHUNK
+        self.state = bytearray(nchunks)
+        self.missing = nchunks
+        self.cond = threading.Condition()
+        self.failed: str | None = None
+        self.last_used = time.monotonic()
+        self.cursor = 0  # where the loader looks for the next missing chunk
+        self.busy = 0  # readers copying out or chunks being read: not evictable while > 0
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+
+class LoadQueue:
+    """A priority queue of shard loads served by a few threads (priority, then FIFO)."""
+
+    def __init__(self, workers: int, load):
+        self._heap: list = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._queued: dict[int, int] = {}  # shard -> best priority queued
+        self._load = load
+        self._stop = False
+        self.threads = [threading.Thread(target=self._run, name=f"shardfs-loader-{i}", daemon=True)
+                        for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, shard: int, priority: int) -> None:
+        with self._cv:
+            if self._queued.get(shard, 99) <= priority:
+                return
+            self._queued[shard] = priority
+            heapq.heappush(self._heap, (priority, next(self._order), shard))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                priority, _, shard = heapq.heappop(self._heap)
+                if self._queued.get(shard) != priority:
+                    continue  # a stale entry: the shard was re-queued at a better priority
+                del self._queued[shard]
+            try:
+                self._load(shard, priority)
+            except Exception:  # a loader must survive anything one shard does
+                log.exception("loading shard %d failed", shard)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+
+class ShardCache:
+    def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
+                 idle_evict: float = 300.0):
+        if prefetch not in PREFETCH_POLICIES:
+            raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
+        self.shards, self.budget, self.prefetch, self.idle_evict = shards, budget, prefetch, idle_evict
+        self.resident: dict[int, Resident] = {}
+        self.refused: dict[int, int] = {}  # shard -> eviction count when it was last refused
+        self.reserved = 0
+        self._lock = threading.Lock()
+        self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, evicted=0, admitted=0,
+                            storage_read_ns=0, load_errors=0)
+        self._queue = LoadQueue(loaders, self._load)
+        if prefetch == "all":
+            for s in sorted(range(len(shards)), key=lambda s: shards[s].path):
+                self._queue.put(s, PRIORITY_PREFETCH)
+
+    # ---- the read path ---------------------------------------------------
+
+    def fetch(self, s: int, offset: int, length: int) -> bytes:
+        res = self.resident.get(s)
+        if res is None:
+            res = self._admit(s)
+            if res is None:
+                return self._direct(s, offset, length)
+        with res.cond:
+            res.busy += 1
+        try:
+            res.last_used = time.monotonic()
+            waited = not res.complete and self._ensure(res, offset // CHUNK, (offset + length - 1) // CHUNK)
+            self._count("misses" if waited else "hits")
+            return res.buf[offset : offset + length]
+        finally:
+            with res.cond:
+                res.busy -= 1
+
+    def _ensure(self, res: Resident, first: int, last: int) -> bool:
+        """Make chunks first..last loaded: read the missing ones here, wait for claimed ones.
+
+        Returns whether anything had to be read or waited for."""
+        waited = False
+        for chunk in range(first, last + 1):
+            with res.cond:
+                deadline = time.monotonic() + WAIT_LIMIT
+                waited |= res.state[chunk] != LOADED
+                while res.state[chunk] == CLAIMED and not res.failed:
+                    if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
+                if res.failed:
+                    raise ShardIOError(res.failed)
+                if res.state[chunk] == LOADED:
+                    continue
+                res.state[chunk] = CLAIMED
+            self._read_chunk(res, chunk)
+        return waited
+
+    def _read_chunk(self, res: Resident, chunk: int) -> None:
+        start = chunk * CHUNK
+        length = min(CHUNK, res.size - start)
+        began = time.perf_counter_ns()
+        try:
+            res.shard.read_into(memoryview(res.buf)[start : start + length], start)
+        except ShardIOError as exc:
+            with res.cond:
+                res.failed = str(exc)
+                res.state[chunk] = MISSING
+                res.cond.notify_all()
+            self._count("load_errors")
+            self._drop(res)
+            raise
+        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        res.shard.forget(start, length)
+        with res.cond:
+            res.state[chunk] = LOADED
+            res.missing -= 1
+            res.cond.notify_all()
+
+    def _direct(self, s: int, offset: int, length: int) -> bytes:
+        began = time.perf_counter_ns()
+        data = self.shards[s].pread(offset, length)
+        self.shards[s].forget(offset, length)
+        self._count("direct_reads")
+        self._count("misses")
+        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        return data
+
+    # ---- admission, eviction, loading -------------------------------------
+
+    def _admit(self, s: int, priority: int = PRIORITY_DEMAND) -> Resident | None:
+        shard = self.shards[s]
+        if shard.broken:
+            raise ShardIOError(shard.broken)
+        with self._lock:
+            res = self.resident.get(s)
+            if res is not None:
+                return res
+            refused_at = self.refused.get(s)
+            if refused_at is not None and refused_at == self._counts["evicted"]:
+                return None  # refused before and nothing was evicted since: keep reading it directly
+            if shard.size > self.budget or not self._make_room(shard.size):
+                # Admitting it later in the same pass would load again what was just read directly.
+                self.refused[s] = self._counts["evicted"]
+                return None
+            self.refused.pop(s, None)
+            res = self.resident[s] = Resident(shard)
+            self.reserved += shard.size
+            self._counts["admitted"] += 1
+        self._queue.put(s, priority)
+        return res
+
+    def _make_room(self, need: int) -> bool:
+        """Evict shards idle for ``idle_evict`` seconds (oldest first) until ``need`` fits. Lock held."""
+        if self.reserved + need <= self.budget:
+            return True
+        cutoff = time.monotonic() - self.idle_evict
+        idle = sorted((r.last_used, s) for s, r in self.resident.items() if r.last_used < cutoff and not r.busy)
+        for _, s in idle:
+            self._evict_locked(s)
+            if self.reserved + need <= self.budget:
+                return True
+        return False
+
+    def _evict_locked(self, s: int) -> None:
+        res = self.resident.pop(s)
+        self.reserved -= res.size
+        self._counts["evicted"] += 1
+        # The mmap is unmapped when the last reference (a reader mid-copy) lets go of it.
+
+    def _drop(self, res: Resident) -> None:
+        with self._lock:
+            for s, r in list(self.resident.items()):
+                if r is res:
+                    self._evict_locked(s)
+
+    def _load(self, s: int, priority: int) -> None:
+        """Fill every missing chunk of shard ``s`` in file order (a loader thread)."""
+        res = self.resident.get(s)
+        if res is None:
+            res = self._admit(s, priority)
+            if res is None:
+                return  # no room: prefetch stops at the budget
+        while not res.complete and not res.failed and self.resident.get(s) is res:
+            with res.cond:
+                chunk = res.state.find(MISSING, res.cursor)
+                if chunk < 0:
+                    chunk = res.state.find(MISSING)  # readers may have released a failed claim
+                if chunk < 0:
+                    return  # the rest is claimed by readers
+                res.cursor = chunk + 1
+                res.state[chunk] = CLAIMED
+                res.busy += 1
+            try:
+                self._read_chunk(res, chunk)
+            except ShardIOError:
+                return
+            finally:
+                with res.cond:
+                    res.busy -= 1
+        if res.complete:
+            log.debug("%s: cached (%d MB)", res.shard.name, res.size >> 20)
+
+    # ---- figures ----------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1, ns: int = 0) -> None:
+        with self._lock:
+            self._counts[key] += n
+            if ns:
+                self._counts["storage_read_ns"] += ns
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            counts = dict(self._counts)
+            cached = sum(1 for r in self.resident.values() if r.complete)
+            loading = len(self.resident) - cached
+            reserved = self.reserved
+        busy_s = counts.pop("storage_read_ns") / 1e9
+        return {
+            "budget_bytes": self.budget,
+            "used_bytes": reserved,
+            "prefetch": self.prefetch,
+            "shards_cached": cached,
+            "shards_loading": loading,
+            "shards_evicted": counts.pop("evicted"),
+            **counts,
+            "storage_read_seconds": round(busy_s, 3),
+            "storage_read_rate_MBps": round(counts["storage_bytes_read"] / busy_s / 1e6, 1) if busy_s else 0.0,
+        }
+
+    def close(self) -> None:
+        self._queue.stop()
