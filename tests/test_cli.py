@@ -1,11 +1,13 @@
 """What a user sees when something is wrong: exit status 2 and one line saying what to do."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import force_unmount, needs_fuse, shardfs_cmd
 
 
@@ -88,3 +90,20 @@ def test_foreground_daemon_exits_zero_on_sigterm_and_unmounts(tar_shards, tmp_pa
         if daemon.poll() is None:
             daemon.kill()
         force_unmount(str(mnt))
+
+
+def test_missing_libfuse3_is_one_clear_line(tar_shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "FUSE_LIBRARY_PATH": str(tmp_path / "no-such-libfuse3.so")}
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), env=env), "libfuse3", "apt-get install")
+
+
+@pytest.mark.skipif(os.getuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_missing_dev_fuse_is_one_clear_line(tar_shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    # A private mount namespace whose /dev is an empty tmpfs: no /dev/fuse, nothing else touched.
+    script = f"mount -t tmpfs none /dev && exec {sys.executable} -m shardfs mount {tar_shards} {mnt}"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    _one_line_error(done, "/dev/fuse does not exist")
