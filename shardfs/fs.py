@@ -22,7 +22,7 @@ from .fuselib import load as load_fuse
 from .reader import MemberReader
 from .shards import Shard, ShardIOError
 from .stats import STATS_XATTR, Stats
-from .tree import Tree
+from .tree import Tree, inode_number
 
 log = logging.getLogger(__name__)
 fuse = load_fuse()
@@ -70,16 +70,16 @@ class ShardFS(fuse.Operations):
 
     # ---- helpers ---------------------------------------------------------
 
-    def _ino(self, path: str) -> int:
-        ino = self.tree.lookup(os.fsencode(path)[1:])
-        if not ino:
+    def _node(self, path: str) -> int:
+        node = self.tree.lookup(os.fsencode(path)[1:])
+        if not node:
             raise fuse.FuseOSError(errno.ENOENT)
-        return ino
+        return node
 
     def _make_dir_attrs(self, d: int) -> dict:
         info = self.tree.dirs[d]
         return {
-            "st_ino": d + 1,
+            "st_ino": inode_number(info.path),
             "st_mode": stat.S_IFDIR | info.mode,
             "st_nlink": self.tree.dir_nlink[d],
             "st_size": 4096,
@@ -95,16 +95,16 @@ class ShardFS(fuse.Operations):
 
     def getattr(self, path: str, fh=None) -> dict:
         self.stats.op("getattr")
-        ino = self._ino(path)
+        node = self._node(path)
         tree = self.tree
-        if tree.is_dir(ino):
-            return self._dir_attrs[ino - 1]
-        m = tree.member(ino)
+        if tree.is_dir(node):
+            return self._dir_attrs[node - 1]
+        m = tree.member(node)
         size = int(tree.size[m])
         kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
         mtime = int(float(tree.mtime[m]) * 1e9)
         return {
-            "st_ino": ino,
+            "st_ino": inode_number(tree.name(m)),
             "st_mode": kind | int(tree.mode[m]),
             "st_nlink": 1,
             "st_size": size,
@@ -118,25 +118,27 @@ class ShardFS(fuse.Operations):
 
     def readdir(self, path: str, fh):
         self.stats.op("readdir")
-        ino = self._ino(path)
+        node = self._node(path)
         tree = self.tree
-        if not tree.is_dir(ino):
+        if not tree.is_dir(node):
             raise fuse.FuseOSError(errno.ENOTDIR)
-        subdirs, files = tree.children(ino)
+        subdirs, files = tree.children(node)
         # Entries carry their inode: with use_ino an entry of inode 0 would be skipped by readdir(3).
-        yield ".", {"st_mode": stat.S_IFDIR, "st_ino": ino}, 0
-        yield "..", {"st_mode": stat.S_IFDIR, "st_ino": 1}, 0
+        here = tree.dirs[node - 1].path
+        yield ".", {"st_mode": stat.S_IFDIR, "st_ino": inode_number(here)}, 0
+        yield "..", {"st_mode": stat.S_IFDIR, "st_ino": inode_number(names.parent_of(here))}, 0
         for d in subdirs:
-            yield os.fsdecode(names.basename_of(tree.dirs[d].path)), {"st_mode": stat.S_IFDIR, "st_ino": d + 1}, 0
-        base = tree.ndirs + 1
+            sub = tree.dirs[d].path
+            yield os.fsdecode(names.basename_of(sub)), {"st_mode": stat.S_IFDIR, "st_ino": inode_number(sub)}, 0
         for m in files.tolist():
             kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
-            yield os.fsdecode(names.basename_of(tree.name(m))), {"st_mode": kind, "st_ino": base + m}, 0
+            name = tree.name(m)
+            yield os.fsdecode(names.basename_of(name)), {"st_mode": kind, "st_ino": inode_number(name)}, 0
 
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
-        ino = self._ino(path)
-        target = None if self.tree.is_dir(ino) else self.tree.symlinks.get(self.tree.member(ino))
+        node = self._node(path)
+        target = None if self.tree.is_dir(node) else self.tree.symlinks.get(self.tree.member(node))
         if target is None:
             raise fuse.FuseOSError(errno.EINVAL)
         return os.fsdecode(target)
@@ -158,19 +160,19 @@ class ShardFS(fuse.Operations):
 
     def listxattr(self, path: str) -> list[str]:
         self.stats.op("listxattr")
-        ino = self._ino(path)
-        if self.tree.is_dir(ino):
-            return [STATS_XATTR] if ino == 1 else []
+        node = self._node(path)
+        if self.tree.is_dir(node):
+            return [STATS_XATTR] if node == 1 else []
         return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self.stats.op("getxattr")
-        ino = self._ino(path)
+        node = self._node(path)
         tree = self.tree
-        if ino == 1 and name == STATS_XATTR:
+        if node == 1 and name == STATS_XATTR:
             return json.dumps({**self.stats.snapshot(), **self.extra_stats()}).encode()
-        if not tree.is_dir(ino):
-            m = tree.member(ino)
+        if not tree.is_dir(node):
+            m = tree.member(node)
             shard = self.shards[int(tree.shard[m])]
             if name == XATTR_SHARD:
                 return os.fsencode(shard.path)
@@ -189,11 +191,11 @@ class ShardFS(fuse.Operations):
         raise fuse.FuseOSError(errno.ENOSYS)
 
     def read(self, path: str, size: int, offset: int, fh) -> bytes:
-        ino = self._ino(path)
-        if self.tree.is_dir(ino):
+        node = self._node(path)
+        if self.tree.is_dir(node):
             raise fuse.FuseOSError(errno.EISDIR)
         try:
-            data = self.reader.read(self.tree.member(ino), offset, size)
+            data = self.reader.read(self.tree.member(node), offset, size)
         except (ShardIOError, ShardFormatError) as exc:
             self.stats.error()
             self._report(path, exc)

@@ -4,8 +4,10 @@ Every member lives in flat numpy arrays (about 100 bytes a member with its name)
 looked up by a sorted array of 64-bit path hashes, so there is no Python object
 per file. Directories are few and live in plain dicts.
 
-Inode numbers: directory ``d`` is ``1 + d`` (the root is 1); member ``m`` is
-``1 + ndirs + m``. They are stable across remounts of the same shard set.
+Node ids (internal, what ``lookup`` returns): directory ``d`` is ``1 + d`` (the root
+is 1); member ``m`` is ``1 + ndirs + m``. Inode numbers shown to users are derived from
+the path instead (``inode_number``), so they stay the same across remounts and rescans
+even when shards are added or removed.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ class Tree:
         return self.names[start : int(self.name_end[m])]
 
     def lookup(self, path: bytes) -> int:
-        """Inode of ``path`` (no leading slash), 0 if absent."""
+        """Node id of ``path`` (no leading slash), 0 if absent."""
         d = self.dir_id.get(path)
         if d is not None:
             return d + 1
@@ -169,14 +171,23 @@ class Tree:
             i += 1
         return 0
 
-    def is_dir(self, ino: int) -> bool:
-        return ino <= self.ndirs
+    def is_dir(self, node: int) -> bool:
+        return node <= self.ndirs
 
-    def member(self, ino: int) -> int:
-        return ino - self.ndirs - 1
+    def member(self, node: int) -> int:
+        return node - self.ndirs - 1
 
-    def children(self, ino: int) -> tuple[list[int], np.ndarray]:
-        """(subdirectory ids, member ids of the files and links) of directory ``ino``."""
-        d = ino - 1
+    def children(self, node: int) -> tuple[list[int], np.ndarray]:
+        """(subdirectory ids, member ids of the files and links) of directory ``node``."""
+        d = node - 1
         files = self.listing[self.listing_start[d] : self.listing_start[d + 1]]
         return self.subdirs[d], files
+
+
+_INODE_SPACE = (1 << 63) - 2
+
+
+def inode_number(path: bytes) -> int:
+    """A stable inode number from the path (the root is 1). Equal numbers for different
+    paths need a 63-bit hash collision: about one chance in 10^13 at a million files."""
+    return 1 if not path else 2 + path_hash(path) % _INODE_SPACE

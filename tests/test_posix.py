@@ -145,3 +145,18 @@ def test_every_write_is_erofs(special_shards, mount):
             attempt()
         assert exc.value.errno == errno.EROFS
     assert open(f, "rb").read() == BIG
+
+
+def test_inode_numbers_match_readdir_and_survive_added_shards(special_shards, mount, tmp_path):
+    first = mount(special_shards, name="first")
+    big = os.path.join("data", "big.bin")
+    before = {p: os.lstat(os.path.join(first.path, p)).st_ino for p in (big, "data", "")}
+    with os.scandir(os.path.join(first.path, "data")) as entries:
+        for entry in entries:
+            assert entry.inode() == os.lstat(entry.path).st_ino
+    with tarfile.open(special_shards / "0-first.tar", "w") as tf:  # sorts first: shifts every member
+        _add(tf, "aaa/new.txt", b"new\n")
+    second = mount(special_shards, name="second")
+    after = {p: os.lstat(os.path.join(second.path, p)).st_ino for p in (big, "data", "")}
+    assert after == before
+    assert before[""] == 1
