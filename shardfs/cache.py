@@ -105,7 +105,7 @@ class LoadQueue:
         self._heap: list = []
         self._order = itertools.count()
         self._cv = threading.Condition()
-        self._queued: dict[int, int] = {}  # shard -> best priority queued
+        self._queued: dict[Shard, int] = {}  # shard -> best priority queued
         self._load = load
         self._stop = False
         self.threads = [threading.Thread(target=self._run, name=f"shardfs-loader-{i}", daemon=True)
@@ -113,7 +113,7 @@ class LoadQueue:
         for t in self.threads:
             t.start()
 
-    def put(self, shard: int, priority: int) -> None:
+    def put(self, shard: Shard, priority: int) -> None:
         with self._cv:
             if self._queued.get(shard, 99) <= priority:
                 return
@@ -135,7 +135,7 @@ class LoadQueue:
             try:
                 self._load(shard, priority)
             except Exception:  # a loader must survive anything one shard does
-                log.exception("loading shard %d failed", shard)
+                log.exception("loading %s failed", shard.path)
 
     def stop(self) -> None:
         with self._cv:
@@ -146,28 +146,32 @@ class LoadQueue:
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
                  idle_evict: float = 300.0):
+        """``shards`` are streamed in at once when ``prefetch`` is "all"."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
-        self.shards, self.budget, self.prefetch, self.idle_evict = shards, budget, prefetch, idle_evict
-        self.resident: dict[int, Resident] = {}
-        self.refused: dict[int, int] = {}  # shard -> eviction count when it was last refused
+        self.budget, self.prefetch, self.idle_evict = budget, prefetch, idle_evict
+        self.resident: dict[Shard, Resident] = {}
+        self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
         self._lock = threading.Lock()
         self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, evicted=0, admitted=0,
                             storage_read_ns=0, load_errors=0)
         self._queue = LoadQueue(loaders, self._load)
-        if prefetch == "all":
-            for s in sorted(range(len(shards)), key=lambda s: shards[s].path):
-                self._queue.put(s, PRIORITY_PREFETCH)
+        self.prefetch_all(shards)
+
+    def prefetch_all(self, shards: list[Shard]) -> None:
+        if self.prefetch == "all":
+            for shard in sorted(shards, key=lambda shard: shard.path):
+                self._queue.put(shard, PRIORITY_PREFETCH)
 
     # ---- the read path ---------------------------------------------------
 
-    def fetch(self, s: int, offset: int, length: int) -> bytes:
-        res = self.resident.get(s)
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes:
+        res = self.resident.get(shard)
         if res is None:
-            res = self._admit(s)
+            res = self._admit(shard)
             if res is None:
-                return self._direct(s, offset, length)
+                return self._direct(shard, offset, length)
         with res.cond:
             res.busy += 1
         try:
@@ -220,10 +224,10 @@ class ShardCache:
             res.missing -= 1
             res.cond.notify_all()
 
-    def _direct(self, s: int, offset: int, length: int) -> bytes:
+    def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
         began = time.perf_counter_ns()
-        data = self.shards[s].pread(offset, length)
-        self.shards[s].forget(offset, length)
+        data = shard.pread(offset, length)
+        shard.forget(offset, length)
         self._count("direct_reads")
         self._count("misses")
         self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
@@ -231,26 +235,25 @@ class ShardCache:
 
     # ---- admission, eviction, loading -------------------------------------
 
-    def _admit(self, s: int, priority: int = PRIORITY_DEMAND) -> Resident | None:
-        shard = self.shards[s]
+    def _admit(self, shard: Shard, priority: int = PRIORITY_DEMAND) -> Resident | None:
         if shard.broken:
             raise ShardIOError(shard.broken)
         with self._lock:
-            res = self.resident.get(s)
+            res = self.resident.get(shard)
             if res is not None:
                 return res
-            refused_at = self.refused.get(s)
+            refused_at = self.refused.get(shard)
             if refused_at is not None and refused_at == self._counts["evicted"]:
                 return None  # refused before and nothing was evicted since: keep reading it directly
             if shard.size > self.budget or not self._make_room(shard.size):
                 # Admitting it later in the same pass would load again what was just read directly.
-                self.refused[s] = self._counts["evicted"]
+                self.refused[shard] = self._counts["evicted"]
                 return None
-            self.refused.pop(s, None)
-            res = self.resident[s] = Resident(shard)
+            self.refused.pop(shard, None)
+            res = self.resident[shard] = Resident(shard)
             self.reserved += shard.size
             self._counts["admitted"] += 1
-        self._queue.put(s, priority)
+        self._queue.put(shard, priority)
         return res
 
     def _make_room(self, need: int) -> bool:
@@ -258,33 +261,32 @@ class ShardCache:
         if self.reserved + need <= self.budget:
             return True
         cutoff = time.monotonic() - self.idle_evict
-        idle = sorted((r.last_used, s) for s, r in self.resident.items() if r.last_used < cutoff and not r.busy)
-        for _, s in idle:
-            self._evict_locked(s)
+        idle = [shard for shard, r in self.resident.items() if r.last_used < cutoff and not r.busy]
+        for shard in sorted(idle, key=lambda shard: self.resident[shard].last_used):
+            self._evict_locked(shard)
             if self.reserved + need <= self.budget:
                 return True
         return False
 
-    def _evict_locked(self, s: int) -> None:
-        res = self.resident.pop(s)
+    def _evict_locked(self, shard: Shard) -> None:
+        res = self.resident.pop(shard)
         self.reserved -= res.size
         self._counts["evicted"] += 1
         # The mmap is unmapped when the last reference (a reader mid-copy) lets go of it.
 
     def _drop(self, res: Resident) -> None:
         with self._lock:
-            for s, r in list(self.resident.items()):
-                if r is res:
-                    self._evict_locked(s)
+            if self.resident.get(res.shard) is res:
+                self._evict_locked(res.shard)
 
-    def _load(self, s: int, priority: int) -> None:
-        """Fill every missing chunk of shard ``s`` in file order (a loader thread)."""
-        res = self.resident.get(s)
+    def _load(self, shard: Shard, priority: int) -> None:
+        """Fill every missing chunk of ``shard`` in file order (a loader thread)."""
+        res = self.resident.get(shard)
         if res is None:
-            res = self._admit(s, priority)
+            res = self._admit(shard, priority)
             if res is None:
                 return  # no room: prefetch stops at the budget
-        while not res.complete and not res.failed and self.resident.get(s) is res:
+        while not res.complete and not res.failed and self.resident.get(shard) is res:
             with res.cond:
                 chunk = res.state.find(MISSING, res.cursor)
                 if chunk < 0:

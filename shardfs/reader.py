@@ -9,7 +9,7 @@ from .tree import Tree
 
 
 class Fetcher(Protocol):
-    def fetch(self, shard: int, offset: int, length: int) -> bytes: ...
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes: ...
 
 
 class MemberReader:
@@ -21,7 +21,7 @@ class MemberReader:
         length = min(size, int(tree.size[m]) - offset)
         if length <= 0:
             return b""
-        s = int(tree.shard[m])
-        layout = self.shards[s].layout()
-        fetch = lambda off, n: self.fetcher.fetch(s, off, n)  # noqa: E731
+        shard = self.shards[int(tree.shard[m])]
+        fetch = lambda off, n: self.fetcher.fetch(shard, off, n)  # noqa: E731
+        layout = shard.layout()
         return layout.read(int(tree.offset[m]) + offset, length, fetch)

@@ -40,11 +40,12 @@ def _ranges(sizes, count, seed=0, max_len=600_000):
 
 def test_concurrent_readers_of_uncached_shards_get_right_bytes_and_one_pass(shard_files):
     data = [p.read_bytes() for p in shard_files]
-    cache = ShardCache(_shards(shard_files), budget=1 << 30)
+    shards = _shards(shard_files)
+    cache = ShardCache(shards, budget=1 << 30)
     try:
         def check(job):
             s, off, n = job
-            assert cache.fetch(s, off, n) == data[s][off : off + n]
+            assert cache.fetch(shards[s], off, n) == data[s][off : off + n]
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(check, _ranges([len(d) for d in data], 2000)))
@@ -57,9 +58,10 @@ def test_concurrent_readers_of_uncached_shards_get_right_bytes_and_one_pass(shar
 
 
 def test_touched_shards_are_loaded_whole_in_the_background(shard_files):
-    cache = ShardCache(_shards(shard_files), budget=1 << 30)
+    shards = _shards(shard_files)
+    cache = ShardCache(shards, budget=1 << 30)
     try:
-        cache.fetch(2, 100, 10)
+        cache.fetch(shards[2], 100, 10)
         deadline = threading.Event()
         for _ in range(200):
             if cache.snapshot()["shards_cached"] == 1:
@@ -68,7 +70,7 @@ def test_touched_shards_are_loaded_whole_in_the_background(shard_files):
         snap = cache.snapshot()
         assert snap["shards_cached"] == 1 and snap["storage_bytes_read"] == os.path.getsize(shard_files[2])
         before = snap["storage_bytes_read"]
-        assert cache.fetch(2, 5 * MB, 1000) == shard_files[2].read_bytes()[5 * MB : 5 * MB + 1000]
+        assert cache.fetch(shards[2], 5 * MB, 1000) == shard_files[2].read_bytes()[5 * MB : 5 * MB + 1000]
         assert cache.snapshot()["storage_bytes_read"] == before  # served from RAM
     finally:
         cache.close()
@@ -93,7 +95,8 @@ def test_small_budget_never_thrashes_and_stays_within_budget(shard_files):
     data = [p.read_bytes() for p in shard_files]
     total = sum(map(len, data))
     budget = total // 4 + 1
-    cache = ShardCache(_shards(shard_files), budget=budget, idle_evict=3600)
+    shards = _shards(shard_files)
+    cache = ShardCache(shards, budget=budget, idle_evict=3600)
     try:
         for epoch in range(3):
             before = cache.snapshot()["storage_bytes_read"]
@@ -102,7 +105,7 @@ def test_small_budget_never_thrashes_and_stays_within_budget(shard_files):
             for off in order:  # an "epoch": every 64 KiB piece of every shard once, in random order
                 for s in range(len(data)):
                     n = min(64 * 1024, len(data[s]) - off)
-                    assert cache.fetch(s, off, n) == data[s][off : off + n]
+                    assert cache.fetch(shards[s], off, n) == data[s][off : off + n]
                 assert cache.snapshot()["used_bytes"] <= budget
             read = cache.snapshot()["storage_bytes_read"] - before
             assert read <= total, f"epoch {epoch} read {read / total:.2f}x the dataset"
@@ -115,14 +118,17 @@ def test_small_budget_never_thrashes_and_stays_within_budget(shard_files):
 def test_eviction_while_reads_are_in_flight(shard_files):
     data = [p.read_bytes() for p in shard_files]
     # Budget for two shards, evict anything idle: constant churn between five shards.
-    cache = ShardCache(_shards(shard_files), budget=2 * len(data[0]), idle_evict=0.0)
+    shards = _shards(shard_files)
+    cache = ShardCache(shards, budget=2 * len(data[0]), idle_evict=0.0)
     try:
         def check(job):
             s, off, n = job
-            assert cache.fetch(s, off, n) == data[s][off : off + n]
+            assert cache.fetch(shards[s], off, n) == data[s][off : off + n]
 
         with ThreadPoolExecutor(12) as pool:
             list(pool.map(check, _ranges([len(d) for d in data], 3000, seed=5)))
+        for s in range(len(data)):  # one reader at a time: every admission must evict an idle shard
+            check((s, 0, 100))
         assert cache.snapshot()["shards_evicted"] > 0
         assert cache.snapshot()["used_bytes"] <= 2 * len(data[0])
     finally:
@@ -141,7 +147,7 @@ def test_shard_truncated_under_the_cache_gives_eio_never_wrong_bytes(shard_files
         def read(job):
             s, off, n = job
             try:
-                got = cache.fetch(s, off, n)
+                got = cache.fetch(shards[s], off, n)
             except ShardIOError:
                 return "eio"
             assert got == data[s][off : off + n]
@@ -150,7 +156,7 @@ def test_shard_truncated_under_the_cache_gives_eio_never_wrong_bytes(shard_files
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(read, [(1, off, 4096) for off in range(0, len(data[1]) - 4096, 100_000)]))
         assert "eio" in results
-        assert cache.fetch(0, 7 * MB, 100) == data[0][7 * MB : 7 * MB + 100]  # others keep serving
+        assert cache.fetch(shards[0], 7 * MB, 100) == data[0][7 * MB : 7 * MB + 100]  # others keep serving
         assert shards[1].broken
     finally:
         cache.close()
@@ -163,7 +169,7 @@ def test_demanded_loads_go_before_prefetch():
         gate.wait(5)
         order.append(shard)
 
-    queue = cache_mod.LoadQueue(1, load)
+    queue = cache_mod.LoadQueue(1, load)  # shards stand for themselves here: any hashable key works
     try:
         queue.put(0, cache_mod.PRIORITY_PREFETCH)  # taken at once by the only worker, which waits
         threading.Event().wait(0.1)
