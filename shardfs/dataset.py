@@ -1,6 +1,7 @@
 """Open a set of shards as one dataset: find them, load or build their indexes, merge the tree.
 
-Used by the daemon and by the commands that work without mounting (index, ls).
+Used by the daemon (at mount, and again on SIGHUP to pick up added or removed shards)
+and by the commands that work without mounting (index, ls).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Dataset:
+    """One consistent view: the tree and the shards its member ids point into."""
+
     tree: Tree
     shards: list[Shard]
     problems: list[str]  # one line per bad shard, refused member or conflict
@@ -49,12 +52,58 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
 
 
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None) -> Dataset:
+    return _assemble(find_shards(sources), index_dir, workers, previous=None)
+
+
+def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
+           workers: int | None = None) -> Dataset:
+    """The dataset as the sources are now, keeping what readers may still hold.
+
+    Added shards join the tree. A shard that disappeared or changed on disk keeps its
+    files in the tree, answering EIO (never silently dropped from under a reader, never
+    other bytes); a remount serves its new contents. Unchanged shards keep their Shard
+    object, so what the cache holds of them stays valid.
+    """
+    try:
+        paths = find_shards(sources)
+    except UsageError as exc:
+        log.error("rescan: %s; every shard is now missing", exc)
+        paths = []
+    return _assemble(paths, index_dir, workers, previous)
+
+
+def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
+    """The index a vanished or changed shard was served from, to keep its files visible."""
+    if shard.index_path:
+        try:
+            return shard_index.load(shard.index_path)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("%s: its index %s is unreadable (%s): its files leave the tree", shard.path,
+                        shard.index_path, exc)
+    return None
+
+
+def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None) -> Dataset:
     started = time.monotonic()
-    paths = find_shards(sources)
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
-    kept, indexes, built = [], [], 0
-    for path, ix, how in index_shards(paths, index_dir, workers):
+    old = {shard.path: shard for shard in previous.shards} if previous else {}
+    entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
+
+    for path, shard in old.items():  # vanished or changed since mount: EIO from now on
+        gone = path not in paths
+        if not gone and not shard.changed_on_disk():
+            continue
+        why = "disappeared" if gone else "changed on disk; remount to serve its new contents"
+        shard.mark_broken(why)
+        problems.append(f"{path}: {why}; its files answer EIO")
+        ix = _stale_index(shard)
+        if ix is not None:
+            entries[path] = (ix, shard)
+
+    fresh = [p for p in paths if p not in entries]
+    built = 0
+    for path, ix, how in index_shards(fresh, index_dir, workers):
         if ix is None:
             problems.append(how)
             continue
@@ -64,12 +113,16 @@ def open_dataset(sources: list[str], index_dir: str | None = None, workers: int 
             problems.append(ix.error + (f" (its first {len(ix)} members are served)" if len(ix) else ""))
             if not len(ix):
                 continue
-        kept.append(path)
-        indexes.append(ix)
-    if not kept:
+        shard = old.get(path)
+        if shard is None:
+            shard = Shard(path, ix.shard_size, ix.shard_mtime_ns)
+        shard.index_path = ix.stored_at
+        entries[path] = (ix, shard)
+
+    if not entries:
         raise UsageError("no readable shard: " + "; ".join(problems[:3]))
-    newest = max(os.stat(p).st_mtime for p in kept)
-    tree = Tree([os.path.basename(p) for p in kept], indexes, default_mtime=newest)
+    order = sorted(entries)
+    newest = max(entries[p][0].shard_mtime_ns for p in order) / 1e9
+    tree = Tree([os.path.basename(p) for p in order], [entries[p][0] for p in order], default_mtime=newest)
     problems.extend(tree.problems)
-    shards = [Shard(p, ix.shard_size, ix.shard_mtime_ns) for p, ix in zip(kept, indexes)]
-    return Dataset(tree, shards, problems, time.monotonic() - started, built)
+    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built)

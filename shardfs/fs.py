@@ -19,15 +19,19 @@ from typing import Callable
 from . import names
 from .formats.base import Kind, ShardFormatError
 from .fuselib import load as load_fuse
-from .reader import MemberReader
-from .shards import Shard, ShardIOError
+from .dataset import Dataset
+from .reader import Fetcher, read_member
+from .shards import ShardIOError
 from .stats import STATS_XATTR, Stats
-from .tree import Tree, inode_number
+from .tree import inode_number
 
 log = logging.getLogger(__name__)
 fuse = load_fuse()
 
 TIMEOUT = 24 * 3600.0  # shards are immutable while mounted
+# A name looked up while missing is asked again after this long: files of shards added by a
+# rescan (SIGHUP) become visible under names a reader had already tried.
+NEGATIVE_TIMEOUT = 60.0
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"
 XATTR_FORMAT = "user.shardfs.format"
@@ -42,19 +46,20 @@ class ShardFS(fuse.Operations):
 
     def __init__(
         self,
-        tree: Tree,
-        shards: list[Shard],
-        reader: MemberReader,
+        view: Dataset,
+        cache: Fetcher,
         stats: Stats,
         extra_stats: Callable[[], dict] = dict,
         on_ready: Callable[[], None] | None = None,
+        on_destroy: Callable[[], None] | None = None,
     ):
-        self.tree, self.shards, self.reader, self.stats = tree, shards, reader, stats
+        # ``view`` (tree + shards) is replaced whole by a rescan; every operation reads
+        # ``self.view`` once, so it works on one consistent view.
+        self.view, self.cache, self.stats = view, cache, stats
         self.extra_stats = extra_stats
-        self.on_ready = on_ready
+        self.on_ready, self.on_destroy = on_ready, on_destroy
         self.uid, self.gid = os.getuid(), os.getgid()
         self._reported: set[str] = set()
-        self._dir_attrs = [self._make_dir_attrs(d) for d in range(tree.ndirs)]
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -62,26 +67,31 @@ class ShardFS(fuse.Operations):
         if config is not None:
             config.entry_timeout = TIMEOUT
             config.attr_timeout = TIMEOUT
-            config.negative_timeout = TIMEOUT
+            config.negative_timeout = NEGATIVE_TIMEOUT
             config.kernel_cache = 1
             config.use_ino = 1
         if self.on_ready is not None:
             self.on_ready()
 
+    def destroy(self, path: str) -> None:
+        if self.on_destroy is not None:
+            self.on_destroy()
+
     # ---- helpers ---------------------------------------------------------
 
-    def _node(self, path: str) -> int:
-        node = self.tree.lookup(os.fsencode(path)[1:])
+    @staticmethod
+    def _node(view: Dataset, path: str) -> int:
+        node = view.tree.lookup(os.fsencode(path)[1:])
         if not node:
             raise fuse.FuseOSError(errno.ENOENT)
         return node
 
-    def _make_dir_attrs(self, d: int) -> dict:
-        info = self.tree.dirs[d]
+    def _dir_attrs(self, view: Dataset, d: int) -> dict:
+        info = view.tree.dirs[d]
         return {
             "st_ino": inode_number(info.path),
             "st_mode": stat.S_IFDIR | info.mode,
-            "st_nlink": self.tree.dir_nlink[d],
+            "st_nlink": view.tree.dir_nlink[d],
             "st_size": 4096,
             "st_blocks": 8,
             "st_uid": self.uid,
@@ -95,10 +105,11 @@ class ShardFS(fuse.Operations):
 
     def getattr(self, path: str, fh=None) -> dict:
         self.stats.op("getattr")
-        node = self._node(path)
-        tree = self.tree
+        view = self.view
+        node = self._node(view, path)
+        tree = view.tree
         if tree.is_dir(node):
-            return self._dir_attrs[node - 1]
+            return self._dir_attrs(view, node - 1)
         m = tree.member(node)
         size = int(tree.size[m])
         kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
@@ -118,8 +129,9 @@ class ShardFS(fuse.Operations):
 
     def readdir(self, path: str, fh):
         self.stats.op("readdir")
-        node = self._node(path)
-        tree = self.tree
+        view = self.view
+        node = self._node(view, path)
+        tree = view.tree
         if not tree.is_dir(node):
             raise fuse.FuseOSError(errno.ENOTDIR)
         subdirs, files = tree.children(node)
@@ -137,15 +149,16 @@ class ShardFS(fuse.Operations):
 
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
-        node = self._node(path)
-        target = None if self.tree.is_dir(node) else self.tree.symlinks.get(self.tree.member(node))
+        view = self.view
+        node = self._node(view, path)
+        target = None if view.tree.is_dir(node) else view.tree.symlinks.get(view.tree.member(node))
         if target is None:
             raise fuse.FuseOSError(errno.EINVAL)
         return os.fsdecode(target)
 
     def statfs(self, path: str) -> dict:
         self.stats.op("statfs")
-        tree = self.tree
+        tree = self.view.tree
         return {
             "f_bsize": 4096,
             "f_frsize": 4096,
@@ -160,20 +173,22 @@ class ShardFS(fuse.Operations):
 
     def listxattr(self, path: str) -> list[str]:
         self.stats.op("listxattr")
-        node = self._node(path)
-        if self.tree.is_dir(node):
+        view = self.view
+        node = self._node(view, path)
+        if view.tree.is_dir(node):
             return [STATS_XATTR] if node == 1 else []
         return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self.stats.op("getxattr")
-        node = self._node(path)
-        tree = self.tree
+        view = self.view
+        node = self._node(view, path)
+        tree = view.tree
         if node == 1 and name == STATS_XATTR:
             return json.dumps({**self.stats.snapshot(), **self.extra_stats()}).encode()
         if not tree.is_dir(node):
             m = tree.member(node)
-            shard = self.shards[int(tree.shard[m])]
+            shard = view.shards[int(tree.shard[m])]
             if name == XATTR_SHARD:
                 return os.fsencode(shard.path)
             if name == XATTR_OFFSET:
@@ -191,11 +206,12 @@ class ShardFS(fuse.Operations):
         raise fuse.FuseOSError(errno.ENOSYS)
 
     def read(self, path: str, size: int, offset: int, fh) -> bytes:
-        node = self._node(path)
-        if self.tree.is_dir(node):
+        view = self.view
+        node = self._node(view, path)
+        if view.tree.is_dir(node):
             raise fuse.FuseOSError(errno.EISDIR)
         try:
-            data = self.reader.read(self.tree.member(node), offset, size)
+            data = read_member(view, self.cache, view.tree.member(node), offset, size)
         except (ShardIOError, ShardFormatError) as exc:
             self.stats.error()
             self._report(path, exc)

@@ -52,6 +52,7 @@ class ShardIndex:
     symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
     warnings: list[str] = field(default_factory=list)
     error: str | None = None  # the scan stopped here; members before it are good
+    stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -210,6 +211,7 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
                 log.warning("ignoring unreadable index %s: %s", path, exc)
                 continue
             if is_current(index, st):
+                index.stored_at = path
                 return index, "loaded"
             log.info("index %s is stale (shard changed); rebuilding", path)
     index = build(shard_path)
@@ -217,6 +219,7 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save(index, path)
+            index.stored_at = path
             return index, "built"
         except OSError:
             continue

@@ -1,27 +1,22 @@
-"""Member reads: from the tree's (shard, offset, size) to bytes, through a fetcher of raw shard bytes."""
+"""Member reads: from a member of the tree to bytes, through the shard's layout and the cache."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from .dataset import Dataset
 from .shards import Shard
-from .tree import Tree
 
 
 class Fetcher(Protocol):
     def fetch(self, shard: Shard, offset: int, length: int) -> bytes: ...
 
 
-class MemberReader:
-    def __init__(self, tree: Tree, shards: list[Shard], fetcher: Fetcher):
-        self.tree, self.shards, self.fetcher = tree, shards, fetcher
-
-    def read(self, m: int, offset: int, size: int) -> bytes:
-        tree = self.tree
-        length = min(size, int(tree.size[m]) - offset)
-        if length <= 0:
-            return b""
-        shard = self.shards[int(tree.shard[m])]
-        fetch = lambda off, n: self.fetcher.fetch(shard, off, n)  # noqa: E731
-        layout = shard.layout()
-        return layout.read(int(tree.offset[m]) + offset, length, fetch)
+def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int) -> bytes:
+    tree = view.tree
+    length = min(size, int(tree.size[m]) - offset)
+    if length <= 0:
+        return b""
+    shard = view.shards[int(tree.shard[m])]
+    fetch = lambda off, n: fetcher.fetch(shard, off, n)  # noqa: E731
+    return shard.layout().read(int(tree.offset[m]) + offset, length, fetch)

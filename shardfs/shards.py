@@ -22,6 +22,7 @@ class Shard:
         self.name = os.path.basename(path)
         self.format_name = format_for(path).name
         self.broken: str | None = None
+        self.index_path: str | None = None  # where its index was loaded from or saved to
         self._fd: int | None = None
         self._layout: DataLayout | None = None
         self._lock = threading.RLock()  # _fail is called with it held
@@ -33,27 +34,41 @@ class Shard:
                 log.error("%s: %s; its files now answer EIO", self.path, why)
         return ShardIOError(f"{self.path}: {why}")
 
+    def changed_on_disk(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns)
+
+    def mark_broken(self, why: str) -> None:
+        self._fail(why)
+
     def fd(self) -> int:
-        if self._fd is not None:
-            return self._fd
         if self.broken:
             raise ShardIOError(self.broken)
+        if self._fd is not None:
+            return self._fd
         with self._lock:
             if self._fd is None:
                 try:
                     fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError as exc:
                     raise self._fail(f"cannot open: {exc.strerror}") from None
-                st = os.fstat(fd)
-                if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-                    os.close(fd)
-                    raise self._fail("changed since its index was built (size or mtime differ)")
                 self._fd = fd
         return self._fd
+
+    def _check_unchanged(self, fd: int) -> None:
+        # Every storage read checks the file is still the one indexed (one fstat, ~1 us):
+        # a shard rewritten in place must give EIO, never other bytes at the old offsets.
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+            raise self._fail("changed since its index was built (size or mtime differ)")
 
     def pread(self, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset``, or ShardIOError."""
         fd = self.fd()
+        self._check_unchanged(fd)
         try:
             data = os.pread(fd, length, offset)
         except OSError as exc:
@@ -65,6 +80,7 @@ class Shard:
     def read_into(self, view: memoryview, offset: int) -> None:
         """Fill ``view`` with the bytes at ``offset`` (no copy), or ShardIOError."""
         fd = self.fd()
+        self._check_unchanged(fd)
         try:
             got = os.preadv(fd, [view], offset)
         except OSError as exc:
