@@ -1,3 +1,10 @@
 """shardfs: mount directories of dataset shards (tar, lz4) as one read-only tree."""
 
 __version__ = "0.1.0"
+
+
+def mounted(*args, **kwargs):
+    """``with shardfs.mounted(src, mountpoint=None, **options) as root:`` (see shardfs.api)."""
+    from .api import mounted as _mounted
+
+    return _mounted(*args, **kwargs)

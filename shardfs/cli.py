@@ -14,73 +14,81 @@ from .errors import UsageError
 log = logging.getLogger("shardfs")
 
 
-def _setup_logging(level: str, log_file: str | None = None) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+def _setup_logging(level: str, log_file: str | None = None, journal: bool = False) -> None:
+    """Logs go to stderr; under systemd (journal) as "<level>message" lines, which journald
+    reads as priorities, without timestamps of our own."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    stream = logging.StreamHandler(sys.stderr)
+    if journal:
+        stream.setFormatter(_JournalFormatter())
+    else:
+        stream.setFormatter(logging.Formatter("shardfs %(levelname)s: %(message)s"))
+    root.addHandler(stream)
     if log_file:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
-    logging.basicConfig(level=level.upper(), format="shardfs %(levelname)s: %(message)s", handlers=handlers)
+        to_file = logging.FileHandler(log_file)
+        to_file.setFormatter(logging.Formatter("%(asctime)s shardfs %(levelname)s: %(message)s"))
+        root.addHandler(to_file)
+    root.setLevel(level.upper())
 
 
-def _mount_options(args):
-    from .daemon import MountOptions
+class _JournalFormatter(logging.Formatter):
+    PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
 
-    from .cache import parse_size
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{self.PRIORITY.get(record.levelname, 6)}>{record.getMessage()}"
 
-    opts = MountOptions(index_dir=args.index_dir, workers=args.workers, cache_size=args.cache_size,
-                        prefetch=args.prefetch, loaders=args.loaders)
-    if args.cache_size:
-        try:
-            parse_size(args.cache_size)
-        except ValueError as exc:
-            raise UsageError(f"--cache-size: {exc}") from None
-    if args.loaders < 1:
-        raise UsageError("--loaders must be at least 1")
-    for opt in ",".join(args.o or []).split(","):
-        if not opt or opt in ("ro", "default_permissions"):
-            continue  # always on
-        if opt == "allow_other":
-            opts.allow_other = True
-        else:
-            raise UsageError(f"unknown mount option -o {opt} (known: allow_other, ro)")
-    return opts
+
+def _mount_config(args):
+    """One MountConfig from --config FILE and/or the command line (the command line wins)."""
+    from .config import MountConfig, apply_options, check, load_config
+
+    if args.config:
+        if args.paths:
+            raise UsageError("give either --config FILE or SRC... MOUNTPOINT, not both")
+        cfg = load_config(args.config)
+    elif len(args.paths) < 2:
+        raise UsageError("name the shards and the mountpoint: shardfs mount SRC [SRC...] MOUNTPOINT")
+    else:
+        cfg = MountConfig(sources=args.paths[:-1], mountpoint=args.paths[-1])
+    for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level"):
+        if getattr(args, key) is not None:
+            setattr(cfg, key, getattr(args, key))
+    if args.no_auto_unmount:
+        cfg.auto_unmount = False
+    apply_options(cfg, ",".join(args.o or []))
+    check(cfg, lambda key, why: UsageError(f"--{key.replace('_', '-')}: {why}"))
+    return cfg
 
 
 def cmd_mount(args) -> int:
     from . import mount
 
-    opts = _mount_options(args)
+    cfg = _mount_config(args)
     if not args.foreground:
-        passthrough = ["--log-level", args.log_level]
-        if args.o:
-            passthrough += ["-o", ",".join(args.o)]
-        if args.index_dir:
-            passthrough += ["--index-dir", args.index_dir]
-        if args.workers:
-            passthrough += ["--workers", str(args.workers)]
-        if args.cache_size:
-            passthrough += ["--cache-size", args.cache_size]
-        passthrough += ["--prefetch", args.prefetch, "--loaders", str(args.loaders)]
-        return mount.mount_detached(args.sources, args.mountpoint, passthrough, args.log_file)
+        return mount.mount_detached(cfg)
 
     from .daemon import serve
     from .fuselib import check_can_mount
 
-    check_can_mount()
+    _setup_logging(cfg.log_level, cfg.log_file, journal=args.ready_fd is None and "INVOCATION_ID" in os.environ)
+    check_can_mount(cfg.allow_other)
     if args.ready_fd is None:
-        mount.prepare_mountpoint(args.mountpoint)
+        mount.prepare_mountpoint(cfg.mountpoint)
 
     def detach() -> None:
         # Started by `shardfs mount` without --foreground: from now on log to the file only.
-        if args.ready_fd is not None and args.log_file:
+        if args.ready_fd is not None and cfg.log_file:
             root = logging.getLogger()
             for h in [h for h in root.handlers if type(h) is logging.StreamHandler]:
                 root.removeHandler(h)
-            fd = os.open(args.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.dup2(fd, 2)
             os.close(fd)
 
-    return serve(args.sources, args.mountpoint, opts, ready_fd=args.ready_fd, on_detach=detach)
+    return serve(cfg, ready_fd=args.ready_fd, on_detach=detach)
 
 
 def cmd_umount(args) -> int:
@@ -132,28 +140,86 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_pack(args) -> int:
+    from .cache import parse_size
+    from .pack import PackOptions, pack_path
+    from .shardwriter import PackError
+
+    def size(opt: str, text: str) -> int:
+        if text.strip().endswith("%"):
+            raise UsageError(f"{opt}: give a size in bytes (1G, 512M, 100000), not a share of RAM")
+        try:
+            return parse_size(text)
+        except ValueError as exc:
+            raise UsageError(f"{opt}: {exc}") from None
+
+    opts = PackOptions(prefix=args.prefix or "", format=args.format, shard_size=size("--shard-size", args.shard_size),
+                       shard_members=args.shard_members, shuffle=args.shuffle or args.seed is not None,
+                       seed=args.seed or 0, block_size=size("--block-size", args.block_size), under=args.under,
+                       mtime=args.mtime, workers=args.workers or 1, overwrite=args.overwrite)
+    try:
+        summary = pack_path(args.source, args.out, opts, classes=args.classes, root=args.root)
+    except PackError as exc:
+        print(f"shardfs: pack failed: {exc}", file=sys.stderr)
+        return 1
+    for name in summary.oversized[:5]:
+        print(f"shardfs: warning: {name} alone is larger than --shard-size: it has a shard of its own",
+              file=sys.stderr)
+    print(summary.line())
+    print(f"manifest: {summary.manifest}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .verify import verify
+
+    result = verify(args.sources, decode=args.decode, workers=args.workers)
+    print(result.line())
+    return 1 if result.problems else 0
+
+
+def cmd_ls(args) -> int:
+    from .dataset import open_dataset
+    from .listing import list_path
+
+    ds = open_dataset([args.source], index_dir=args.index_dir)
+    for line in ds.problems:
+        print(f"shardfs: warning: {line}", file=sys.stderr)
+    try:
+        list_path(ds.tree, args.path or "", long=args.long, recursive=args.recursive)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `shardfs ls ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardfs", description="Mount directories of dataset shards read-only.")
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="default: info (or the configuration file's)")
     sub = parser.add_subparsers(dest="command", required=True)
     add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
 
     p = add("mount", help="mount shards as one read-only tree")
-    p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, or glob")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("paths", nargs="*", metavar="SRC... MOUNTPOINT",
+                   help="directories of shards, shard files or globs, then the mountpoint")
+    p.add_argument("--config", metavar="FILE", help="read everything from a TOML file (see systemd/example.toml)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
-    p.add_argument("-o", action="append", metavar="OPTS", help="mount options: allow_other")
+    p.add_argument("-o", action="append", metavar="OPTS",
+                   help="mount options, as in fstab: allow_other, cache_size=64G, prefetch=all, ...")
     p.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
                                        "(default $XDG_CACHE_HOME/shardfs)")
     p.add_argument("--workers", type=int, help="processes that build missing indexes")
     p.add_argument("--cache-size", metavar="SIZE",
                    help="RAM budget for shard bytes: 64G, 512M, or a share of RAM like 50%% "
-                        "(default: half of the memory available at mount)")
-    p.add_argument("--prefetch", choices=["touched", "all"], default="touched",
+                        "(default: half of the memory available to this process at mount)")
+    p.add_argument("--prefetch", choices=["touched", "all"],
                    help="load each shard when first read (default), or stream every shard in at mount")
-    p.add_argument("--loaders", type=int, default=2, help="shards loaded at once in the background (default 2)")
+    p.add_argument("--loaders", type=int, help="shards loaded at once in the background (default 2)")
+    p.add_argument("--no-auto-unmount", action="store_true",
+                   help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
     p.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
@@ -174,12 +240,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
+
+    p = add("pack", help="pack a folder or a path-to-label list into shards",
+            description="Pack an ImageFolder-style directory (members keep their path relative to SRC) or a "
+                        "mapping file (JSON {path: label} or 'path label' lines; members become "
+                        "<class>/<basename>) into tar or lz4 shards, with a manifest beside them.")
+    p.add_argument("source", metavar="SRC", help="directory, or mapping file (.json or text)")
+    p.add_argument("out", metavar="OUT", help="output directory (created)")
+    p.add_argument("--prefix", help="shard names <prefix>-000000.tar, ... (default: SRC's name)")
+    p.add_argument("--format", choices=["tar", "lz4"], default="tar")
+    p.add_argument("--shard-size", default="1G", metavar="SIZE", help="largest shard file (default 1G)")
+    p.add_argument("--shard-members", type=int, metavar="N", help="most members per shard")
+    p.add_argument("--block-size", default="1M", metavar="SIZE", help="lz4 block size (default 1M)")
+    p.add_argument("--shuffle", action="store_true", help="shuffle members across shards (default: sorted)")
+    p.add_argument("--seed", type=int, help="shuffle seed (implies --shuffle; default 0)")
+    p.add_argument("--classes", metavar="FILE", help="mapping: class names, one per line (label i = line i)")
+    p.add_argument("--root", metavar="DIR", help="mapping: paths are relative to DIR (default: the file's directory)")
+    p.add_argument("--under", default="", metavar="DIR", help="put every member below DIR (e.g. train)")
+    p.add_argument("--mtime", type=int, metavar="SECONDS", help="every member's mtime (default: the source file's)")
+    p.add_argument("--workers", type=int, help="processes writing shards (output does not depend on it; default 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier pack of the same prefix in OUT")
+    p.set_defaults(func=cmd_pack)
+
+    p = add("verify", help="check shards: structure, manifest sha256, optionally decode images")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, or glob")
+    p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
+    p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
+    p.set_defaults(func=cmd_verify)
+
+    p = add("ls", help="list the merged tree without mounting")
+    p.add_argument("source", metavar="SRC", help="directory of shards, shard file, or glob")
+    p.add_argument("path", nargs="?", metavar="PATH", help="directory or file in the tree (default: the root)")
+    p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")
+    p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
+    p.add_argument("--index-dir")
+    p.set_defaults(func=cmd_ls)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level, args.log_file if getattr(args, "foreground", False) else None)
+    _setup_logging(args.log_level or "info")
     try:
         return args.func(args)
     except UsageError as exc:

@@ -1,7 +1,10 @@
-"""The configuration file (TOML): everything the mount command line can say, for services.
+"""What a mount is told, from any of its three front doors, as one ``MountConfig``.
 
-Example: ``systemd/imagenet.toml``. Unknown keys and wrong types are errors that name
-the key and the file, so a typo never silently falls back to a default.
+* the configuration file (TOML, for services; example: ``systemd/example.toml``):
+  unknown keys and wrong types are errors naming the key and the file, so a typo never
+  silently falls back to a default;
+* the command line (``shardfs mount SRC MNT --cache-size 64G -o allow_other``);
+* fstab / mount(8) options (``ro,allow_other,cache_size=64G``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class MountConfig:
     index_dir: str | None = None
     workers: int | None = None
     log_level: str = "info"
+    # fusermount3 unmounts when the daemon dies (a batch system's SIGKILL), so no stale
+    # mount is left behind; off, a stale mount is cleaned by the next `shardfs mount`.
+    auto_unmount: bool = True
+    log_file: str | None = None
 
 
 # key -> (accepted types, description used in messages)
@@ -39,6 +46,8 @@ _KEYS = {
     "index_dir": ((str,), "a path"),
     "workers": ((int,), "a whole number >= 1"),
     "log_level": ((str,), f"one of {', '.join(LOG_LEVELS)}"),
+    "auto_unmount": ((bool,), "true or false"),
+    "log_file": ((str,), "a path"),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -77,28 +86,67 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
         sources = [sources]
     if not sources or not all(isinstance(s, str) and s for s in sources):
         raise _fail(path, "sources", "expected a non-empty list of paths")
-    cache_size = data.get("cache_size")
-    if cache_size is not None:
-        cache_size = str(cache_size)
+    cfg = MountConfig(sources=sources, **{k: v for k, v in data.items() if k != "sources"})
+    if isinstance(cfg.cache_size, int):
+        cfg.cache_size = str(cfg.cache_size)
+    check(cfg, lambda key, why: _fail(path, key, why))
+    return cfg
+
+
+def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -> None:
+    """Values the types alone do not rule out; ``fail(key, why)`` makes the error to raise."""
+    if cfg.cache_size is not None:
         try:
-            parse_size(cache_size)
+            parse_size(cfg.cache_size)
         except ValueError as exc:
-            raise _fail(path, "cache_size", str(exc)) from None
-    if data.get("prefetch", "touched") not in PREFETCH_POLICIES:
-        raise _fail(path, "prefetch", f"expected {_KEYS['prefetch'][1]}, got {data['prefetch']!r}")
-    if data.get("log_level", "info") not in LOG_LEVELS:
-        raise _fail(path, "log_level", f"expected {_KEYS['log_level'][1]}, got {data['log_level']!r}")
+            raise fail("cache_size", str(exc)) from None
+    if cfg.prefetch not in PREFETCH_POLICIES:
+        raise fail("prefetch", f"expected {_KEYS['prefetch'][1]}, got {cfg.prefetch!r}")
+    if cfg.log_level not in LOG_LEVELS:
+        raise fail("log_level", f"expected {_KEYS['log_level'][1]}, got {cfg.log_level!r}")
     for key in ("loaders", "workers"):
-        if key in data and data[key] < 1:
-            raise _fail(path, key, f"expected {_KEYS[key][1]}, got {data[key]}")
-    return MountConfig(
-        sources=sources,
-        mountpoint=data["mountpoint"],
-        cache_size=cache_size,
-        prefetch=data.get("prefetch", "touched"),
-        loaders=data.get("loaders", 2),
-        allow_other=data.get("allow_other", False),
-        index_dir=data.get("index_dir"),
-        workers=data.get("workers"),
-        log_level=data.get("log_level", "info"),
-    )
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise fail(key, f"expected {_KEYS[key][1]}, got {value}")
+
+
+# fstab options mount(8) passes along that mean nothing to us (the mount is always read-only).
+_IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev",
+                    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+                    "default_permissions", "async", "sync"}
+_VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
+                  "log_level": str, "log_file": str}
+
+
+def apply_options(cfg: MountConfig, text: str) -> None:
+    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab."""
+    for opt in text.split(","):
+        key, sep, value = opt.partition("=")
+        if not opt or key in _IGNORED_OPTIONS or key.startswith(("x-", "comment=")):
+            continue
+        if key in ("allow_other", "auto_unmount") and not sep:
+            setattr(cfg, key, True)
+        elif key == "no_auto_unmount" and not sep:
+            cfg.auto_unmount = False
+        elif key in _VALUE_OPTIONS and sep:
+            try:
+                setattr(cfg, key, _VALUE_OPTIONS[key](value))
+            except ValueError:
+                raise UsageError(f"-o {opt}: expected a whole number") from None
+        else:
+            known = ", ".join(["allow_other", "no_auto_unmount", *(f"{k}=" for k in _VALUE_OPTIONS)])
+            raise UsageError(f"unknown mount option -o {opt} (known: {known})")
+
+
+def to_args(cfg: MountConfig) -> list[str]:
+    """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon)."""
+    args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
+            "--loaders", str(cfg.loaders)]
+    for key in ("cache_size", "index_dir", "workers", "log_file"):
+        if getattr(cfg, key) is not None:
+            args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
+    if cfg.allow_other:
+        args += ["-o", "allow_other"]
+    if not cfg.auto_unmount:
+        args += ["--no-auto-unmount"]
+    return args

@@ -16,10 +16,9 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
-
 from . import dataset as datasets
 from .cache import ShardCache, default_budget, parse_size
+from .config import MountConfig
 from .notify import Notifier
 from .stats import Stats
 
@@ -28,16 +27,6 @@ log = logging.getLogger("shardfs")
 # Threads of the FUSE loop: enough that readers waiting on storage do not block the
 # others (the GIL makes more pointless).
 MAX_THREADS = 32
-
-
-@dataclass
-class MountOptions:
-    allow_other: bool = False
-    index_dir: str | None = None
-    workers: int | None = None
-    cache_size: str | None = None  # "64G", "50%"; None: half of the available memory
-    prefetch: str = "touched"
-    loaders: int = 2
 
 
 def _raise_fd_limit() -> None:
@@ -58,9 +47,8 @@ def _describe(view: datasets.Dataset) -> str:
 
 
 class Daemon:
-    def __init__(self, sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int | None = None,
-                 on_detach=None):
-        self.sources, self.mountpoint, self.opts = sources, mountpoint, opts
+    def __init__(self, cfg: MountConfig, ready_fd: int | None = None, on_detach=None):
+        self.sources, self.mountpoint, self.opts = cfg.sources, cfg.mountpoint, cfg
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -91,7 +79,8 @@ class Daemon:
         started = time.monotonic()
         try:
             fuse.FUSE(self.fs, self.mountpoint, foreground=True, ro=True, default_permissions=True,
-                      allow_other=opts.allow_other, fsname=fsname, subtype="shardfs",
+                      allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
+                      subtype="shardfs",
                       max_threads=MAX_THREADS,
                       max_idle_threads=8)  # also silences libfuse 3.14's warning about its own default
         except RuntimeError as exc:
@@ -203,6 +192,5 @@ class Daemon:
             self.notifier.send(ready="1", status=f"serving {_describe(new)}")
 
 
-def serve(sources: list[str], mountpoint: str, opts: MountOptions, ready_fd: int | None = None,
-          on_detach=None) -> int:
-    return Daemon(sources, mountpoint, opts, ready_fd, on_detach).serve()
+def serve(cfg: MountConfig, ready_fd: int | None = None, on_detach=None) -> int:
+    return Daemon(cfg, ready_fd, on_detach).serve()

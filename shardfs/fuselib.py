@@ -20,12 +20,23 @@ def load():
     return mfusepy
 
 
-def check_can_mount() -> None:
+def _user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
+    try:
+        with open(conf) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def check_can_mount(allow_other: bool = False) -> None:
     """The prerequisites of a mount, checked before anything is started."""
     if not os.path.exists("/dev/fuse"):
         raise UsageError("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse) or ask your admin")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise UsageError("/dev/fuse is not accessible to this user: ask your admin to make it 0666")
-    if os.getuid() != 0 and shutil.which("fusermount3") is None:
+    if shutil.which("fusermount3") is None:  # non-root mounts and auto_unmount go through it
         raise UsageError("fusermount3 is missing: install it (apt-get install fuse3)")
+    if allow_other and os.getuid() != 0 and not _user_allow_other():
+        raise UsageError("-o allow_other needs 'user_allow_other' in /etc/fuse.conf for non-root users: "
+                         "ask your admin, or mount without it")
     load()

@@ -11,13 +11,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import names
+from .atomic import atomic_file
 from .formats import format_for
 from .formats.base import Kind
 
@@ -151,15 +151,8 @@ def save(index: ShardIndex, path: str) -> None:
     arrays = {name: getattr(index, name) for name in _ARRAYS}
     arrays["names"] = np.frombuffer(index.names, dtype=np.uint8)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=INDEX_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            np.savez(out, **arrays)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path) as out:
+        np.savez(out, **arrays)
 
 
 def load(path: str) -> ShardIndex:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -13,6 +14,7 @@ import sys
 import time
 
 from . import index as shard_index
+from .config import MountConfig, to_args
 from .errors import UsageError
 from .fuselib import check_can_mount
 from .sources import find_shards
@@ -66,16 +68,15 @@ def default_log_file(mountpoint: str) -> str:
     return os.path.join(shard_index.cache_dir(), "logs", f"{name}-{tag}.log")
 
 
-def mount_detached(sources: list[str], mountpoint: str, daemon_args: list[str], log_file: str | None) -> int:
+def mount_detached(cfg: MountConfig) -> int:
     """Start ``shardfs mount --foreground`` in its own session; return once the mount answers."""
-    check_can_mount()
-    find_shards(sources)  # fail fast, with the message, before starting anything
-    prepare_mountpoint(mountpoint)
-    log_file = log_file or default_log_file(mountpoint)
-    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    check_can_mount(cfg.allow_other)
+    find_shards(cfg.sources)  # fail fast, with the message, before starting anything
+    prepare_mountpoint(cfg.mountpoint)
+    cfg = dataclasses.replace(cfg, log_file=cfg.log_file or default_log_file(cfg.mountpoint))
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
     read_end, write_end = os.pipe()
-    cmd = [sys.executable, "-m", "shardfs", "mount", *sources, mountpoint, "--foreground",
-           "--ready-fd", str(write_end), "--log-file", log_file, *daemon_args]
+    cmd = [sys.executable, "-m", "shardfs", "mount", *to_args(cfg), "--foreground", "--ready-fd", str(write_end)]
     child = subprocess.Popen(cmd, pass_fds=(write_end,), start_new_session=True,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     os.close(write_end)
@@ -83,12 +84,12 @@ def mount_detached(sources: list[str], mountpoint: str, daemon_args: list[str], 
         line = ready.readline()  # EOF without a line: the daemon died before mounting
     if not line:
         code = child.wait(timeout=READY_TIMEOUT)
-        print(f"shardfs: mount failed (daemon exit status {code}; log: {log_file})", file=sys.stderr)
+        print(f"shardfs: mount failed (daemon exit status {code}; log: {cfg.log_file})", file=sys.stderr)
         return code or 1
     info = json.loads(line)
     print(
-        f"shardfs: mounted {info['files']} files from {info['shards']} shards at {mountpoint} "
-        f"(pid {info['pid']}, index {info['index_seconds']:.2f} s, log {log_file})"
+        f"shardfs: mounted {info['files']} files from {info['shards']} shards at {cfg.mountpoint} "
+        f"(pid {info['pid']}, index {info['index_seconds']:.2f} s, log {cfg.log_file})"
     )
     return 0
 
@@ -126,3 +127,12 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def force_unmount(mountpoint: str) -> None:
+    """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises."""
+    try:
+        unmount(mountpoint)
+    except UsageError:
+        if os.path.ismount(mountpoint) or is_stale(mountpoint):
+            subprocess.run(_unmount_command(mountpoint, lazy=True), capture_output=True)

@@ -33,7 +33,9 @@ def test_usage_errors(tmp_path, tar_shards):
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "other" / "readme.txt"), str(mnt)), "not a shard")
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "x*.tar"), str(mnt)), "matches no shard")
     _one_line_error(shardfs_cmd("mount", str(tar_shards), str(tmp_path / "missing")), "does not exist", "mkdir")
-    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "-o", "rw"), "unknown mount option")
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "-o", "rwx"), "unknown mount option")
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "--cache-size", "lots"), "--cache-size")
+    _one_line_error(shardfs_cmd("mount", str(tar_shards)), "name the shards and the mountpoint")
     _one_line_error(shardfs_cmd("umount", str(mnt)), "not mounted")
 
 
@@ -48,8 +50,8 @@ def test_busy_mountpoint_and_glob_sources(tar_shards, tmp_path, mount):
 def test_stale_mount_after_sigkill_is_cleaned_by_next_mount(tar_shards, tmp_path, mount):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "--foreground"],
-                              stderr=subprocess.PIPE, text=True)
+    daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "--foreground",
+                               "--no-auto-unmount"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not os.path.ismount(mnt):
@@ -69,6 +71,19 @@ def test_stale_mount_after_sigkill_is_cleaned_by_next_mount(tar_shards, tmp_path
         if daemon.poll() is None:
             daemon.kill()
         force_unmount(str(mnt))
+
+
+@needs_fuse
+def test_sigkill_with_auto_unmount_leaves_no_mount(tar_shards, mount):
+    m = mount(tar_shards)
+    os.kill(m.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while os.path.ismount(m.path):  # fusermount3's auto_unmount watcher notices the daemon is gone
+        assert time.monotonic() < deadline, "mount left behind"
+        time.sleep(0.05)
+    assert os.listdir(m.path) == []  # the mountpoint is an ordinary empty directory again
+    again = mount(tar_shards)
+    assert len(os.listdir(os.path.join(again.path, "train"))) == 6
 
 
 @needs_fuse
