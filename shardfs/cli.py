@@ -43,7 +43,7 @@ class _JournalFormatter(logging.Formatter):
 
 def _mount_config(args):
     """One MountConfig from --config FILE and/or the command line (the command line wins)."""
-    from .config import MountConfig, apply_options, check, load_config
+    from .config import MountConfig, load_config
 
     if args.config:
         if args.paths:
@@ -53,6 +53,12 @@ def _mount_config(args):
         raise UsageError("name the shards and the mountpoint: shardfs mount SRC [SRC...] MOUNTPOINT")
     else:
         cfg = MountConfig(sources=args.paths[:-1], mountpoint=args.paths[-1])
+    return _apply_command_line(cfg, args)
+
+
+def _apply_command_line(cfg, args):
+    from .config import apply_options, check
+
     for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
@@ -74,6 +80,10 @@ def cmd_mount(args) -> int:
     from .fuselib import check_can_mount
 
     _setup_logging(cfg.log_level, cfg.log_file, journal=args.ready_fd is None and "INVOCATION_ID" in os.environ)
+    if args.ready_fd is not None:  # started by a detaching `shardfs mount`: its terminal sees problems only
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.setLevel(logging.WARNING)
     check_can_mount(cfg.allow_other)
     if args.ready_fd is None:
         mount.prepare_mountpoint(cfg.mountpoint)
@@ -89,6 +99,38 @@ def cmd_mount(args) -> int:
             os.close(fd)
 
     return serve(cfg, ready_fd=args.ready_fd, on_detach=detach)
+
+
+def cmd_run(args) -> int:
+    from .api import MountError
+    from .runner import run
+
+    if not args.command:
+        raise UsageError("give the command after --: shardfs run SRC [MOUNTPOINT] -- COMMAND [ARG...]")
+    from .config import MountConfig
+
+    sources, mountpoint = (args.paths, None) if len(args.paths) == 1 else (args.paths[:-1], args.paths[-1])
+    cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
+    options = {"cache_size": cfg.cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
+               "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
+               "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount}
+    try:
+        return run(sources, mountpoint, args.command, options)
+    except MountError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        raise UsageError(f"{args.command[0]}: command not found ({exc.strerror})") from None
+
+
+def cmd_status(args) -> int:
+    from .status import collect, render
+
+    rows = collect(args.mountpoint)
+    if args.mountpoint and not rows:
+        raise UsageError(f"{args.mountpoint} is not a shardfs mount")
+    print(json.dumps(rows, indent=2) if args.json else render(rows))
+    return 0 if all(row["state"] == "ok" for row in rows) else 1
 
 
 def cmd_umount(args) -> int:
@@ -199,30 +241,47 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         help="default: info (or the configuration file's)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    def add(name, parents=(), **kw):
+        return sub.add_parser(name, parents=[common, *parents], **kw)
 
-    p = add("mount", help="mount shards as one read-only tree")
+    mount_options = argparse.ArgumentParser(add_help=False)
+    m = mount_options.add_argument_group("mount options")
+    m.add_argument("-o", action="append", metavar="OPTS",
+                   help="mount options, as in fstab: allow_other, cache_size=64G, prefetch=all, ...")
+    m.add_argument("--cache-size", metavar="SIZE",
+                   help="RAM budget for shard bytes: 64G, 512M, or a share of RAM like 50%% "
+                        "(default: half of the memory available to this process at mount)")
+    m.add_argument("--prefetch", choices=["touched", "all"],
+                   help="load each shard when first read (default), or stream every shard in at mount")
+    m.add_argument("--loaders", type=int, help="shards loaded at once in the background (default 2)")
+    m.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
+                                       "(default $XDG_CACHE_HOME/shardfs)")
+    m.add_argument("--workers", type=int, help="processes that build missing indexes")
+    m.add_argument("--no-auto-unmount", action="store_true",
+                   help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
+    m.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
+
+    p = add("mount", parents=[mount_options], help="mount shards as one read-only tree")
     p.add_argument("paths", nargs="*", metavar="SRC... MOUNTPOINT",
                    help="directories of shards, shard files or globs, then the mountpoint")
     p.add_argument("--config", metavar="FILE", help="read everything from a TOML file (see systemd/example.toml)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
-    p.add_argument("-o", action="append", metavar="OPTS",
-                   help="mount options, as in fstab: allow_other, cache_size=64G, prefetch=all, ...")
-    p.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
-                                       "(default $XDG_CACHE_HOME/shardfs)")
-    p.add_argument("--workers", type=int, help="processes that build missing indexes")
-    p.add_argument("--cache-size", metavar="SIZE",
-                   help="RAM budget for shard bytes: 64G, 512M, or a share of RAM like 50%% "
-                        "(default: half of the memory available to this process at mount)")
-    p.add_argument("--prefetch", choices=["touched", "all"],
-                   help="load each shard when first read (default), or stream every shard in at mount")
-    p.add_argument("--loaders", type=int, help="shards loaded at once in the background (default 2)")
-    p.add_argument("--no-auto-unmount", action="store_true",
-                   help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
-    p.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
+
+    p = add("run", parents=[mount_options], help="mount, run a command, unmount; exit with its status",
+            usage="shardfs run [options] SRC [SRC...] [MOUNTPOINT] -- COMMAND [ARG...]",
+            description="Mount SRC, run COMMAND with the mount live (its path in $SHARDFS_MOUNT), unmount, "
+                        "and exit with COMMAND's status. Without MOUNTPOINT (a single SRC) a private "
+                        "temporary directory is used. Signals are forwarded to COMMAND.")
+    p.add_argument("paths", nargs="+", metavar="SRC [SRC...] [MOUNTPOINT]")
+    p.set_defaults(func=cmd_run)
+
+    p = add("status", help="every shardfs mount on this node: source, state, figures")
+    p.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
 
     p = add("umount", aliases=["unmount"], help="unmount and wait for the daemon to exit")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -278,8 +337,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMMANDS = ("mount", "run", "status", "umount", "unmount", "index", "stats", "pack", "verify", "ls")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        # mount.fuse3 (fstab type fuse.shardfs) runs "shardfs SRC MOUNTPOINT -o OPTIONS"
+        argv.insert(0, "mount")
+    command: list[str] = []
+    if argv and argv[0] == "run" and "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    args.command = command
     _setup_logging(args.log_level or "info")
     try:
         return args.func(args)
@@ -288,3 +359,20 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def mount_helper(argv: list[str] | None = None) -> int:
+    """``mount.shardfs SPEC DIR [-sfnv] [-N NS] [-o OPTIONS]``: what mount(8) runs for fstab type "shardfs"
+    (link it as /sbin/mount.shardfs). fstab type "fuse.shardfs" works without it, through mount.fuse3."""
+    parser = argparse.ArgumentParser(prog="mount.shardfs", add_help=False)
+    parser.add_argument("spec")
+    parser.add_argument("dir")
+    parser.add_argument("-o", dest="options", default="")
+    parser.add_argument("-t", dest="type")
+    parser.add_argument("-N", dest="namespace")
+    for flag in "sfnvr":
+        parser.add_argument(f"-{flag}", action="store_true")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.f:  # "fake": mount(8) asks us to do everything but the mount
+        return 0
+    return main(["mount", args.spec, args.dir, *(["-o", args.options] if args.options else [])])

@@ -16,3 +16,15 @@ if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
 $PIP -e ".[test,torch]"
+
+# mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
+# reachable there, so fstab entries (type fuse.shardfs or shardfs) work.
+scripts=$(python3 -c "import sysconfig; print(sysconfig.get_path('scripts'))")
+for cmd in shardfs mount.shardfs; do
+    if [ "$scripts" != /usr/local/bin ] && [ ! -e "/usr/local/bin/$cmd" ]; then
+        ln -s "$scripts/$cmd" "/usr/local/bin/$cmd"
+    fi
+done
+if ! command -v systemd-analyze >/dev/null; then
+    apt-get install -y -qq systemd >/dev/null  # for the unit's verification test
+fi
