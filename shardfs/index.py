@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 
@@ -174,8 +175,19 @@ def load(path: str) -> ShardIndex:
 
 
 def cache_dir() -> str:
+    """$XDG_CACHE_HOME/shardfs, else ~/.cache/shardfs; a private folder in /tmp for users
+    without a usable home (system accounts, some batch setups)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shardfs")
+    preferred = os.path.join(base, "shardfs")
+    try:
+        os.makedirs(preferred, exist_ok=True)
+        if os.access(preferred, os.W_OK):
+            return preferred
+    except OSError:
+        pass
+    fallback = os.path.join(tempfile.gettempdir(), f"shardfs-{os.getuid()}")
+    os.makedirs(fallback, mode=0o700, exist_ok=True)
+    return fallback
 
 
 def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
