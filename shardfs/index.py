@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import logging
 import os
 import tempfile
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".shardfs-idx"
+MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 
 
 def path_hash(path: bytes) -> int:
@@ -92,6 +94,8 @@ def build(shard_path: str) -> ShardIndex:
                 warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
                 continue
             rec.kind, rec.offset, rec.size, rec.link = target.kind, target.offset, target.size, target.link
+        if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
+            rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
         if rec.kind == Kind.SYMLINK:
             rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
         if path in kept:

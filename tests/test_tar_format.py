@@ -96,11 +96,21 @@ def test_damage_keeps_members_before_it(tmp_path):
 
 
 def test_hostile_pax_records(tmp_path):
-    for record in (b"999 path=x\n", b"abc path=x\n", b"12 nokeyhere\n"):
+    for record in (b"999 path=x\n", b"abc path=x\n", b"12 nokeyhere\n", b"11 size=-5\n", b"12 size=abc\n"):
         path = tmp_path / "p.tar"
         path.write_bytes(archive(member(b"pax", record, typeflag=b"x"), member(b"f", b"data")))
         result = TAR.scan(str(path))
         assert result.error and "PAX" in result.error and result.members == []
+
+
+def test_absurd_pax_mtimes_become_zero(tmp_path):
+    for value in (b"inf", b"nan", b"-1e300"):
+        record = b"mtime=" + value + b"\n"
+        record = b"%d %s" % (len(record) + 3, record)
+        path = tmp_path / "t.tar"
+        path.write_bytes(archive(member(b"pax", record, typeflag=b"x"), member(b"f", b"data")))
+        ix = index.build(str(path))
+        assert len(ix) == 1 and ix.mtime[0] == 0.0
 
 
 def test_hardlink_to_missing_target_is_reported(tmp_path):

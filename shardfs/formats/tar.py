@@ -161,6 +161,8 @@ class TarFormat:
             try:
                 if b"size" in attrs:
                     data_size = int(attrs[b"size"])
+                    if data_size < 0:
+                        raise ValueError
                     next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
                 mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
             except ValueError:
