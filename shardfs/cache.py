@@ -37,7 +37,7 @@ from .shards import Shard, ShardIOError
 log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20
-MISSING, CLAIMED, LOADED = 0, 1, 2
+MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
 WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
 PREFETCH_POLICIES = ("touched", "all")
@@ -135,6 +135,10 @@ def default_budget() -> tuple[int, str]:
     if limit is not None and limit[0] < room:
         room, why = limit[0], f"the {limit[0] / 2**30:.1f} GiB left under the cgroup limit ({limit[1]})"
     return room // 2, f"half of {why}"
+
+
+class _BadChunk(Exception):
+    """A chunk could not be read from storage (an I/O error, not a changed shard)."""
 
 
 class Resident:
@@ -237,6 +241,11 @@ class ShardCache:
         try:
             res.last_used = time.monotonic()
             waited = not res.complete and self._ensure(res, offset // CHUNK, (offset + length - 1) // CHUNK)
+        except _BadChunk:
+            # Storage failed inside this chunk: read just the bytes asked for, so only the
+            # requests that really touch the failing range answer EIO.
+            return self._direct(shard, offset, length)
+        else:
             self._count("misses" if waited else "hits")
             return res.buf[offset : offset + length]
         finally:
@@ -257,6 +266,8 @@ class ShardCache:
                         raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
                 if res.failed:
                     raise ShardIOError(res.failed)
+                if res.state[chunk] == BAD:
+                    raise _BadChunk
                 if res.state[chunk] == LOADED:
                     continue
                 res.state[chunk] = CLAIMED
@@ -271,12 +282,17 @@ class ShardCache:
             res.shard.read_into(memoryview(res.buf)[start : start + length], start)
         except ShardIOError as exc:
             with res.cond:
-                res.failed = str(exc)
-                res.state[chunk] = MISSING
+                if res.shard.broken:  # changed or truncated: nothing of it can be trusted
+                    res.failed = str(exc)
+                    res.state[chunk] = MISSING
+                else:
+                    res.state[chunk] = BAD
                 res.cond.notify_all()
             self._count("load_errors")
-            self._drop(res)
-            raise
+            if res.failed:
+                self._drop(res)
+                raise
+            raise _BadChunk from exc
         self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
         res.shard.forget(start, length)
         with res.cond:
@@ -348,16 +364,17 @@ class ShardCache:
                 return  # no room: prefetch stops at the budget
         while not res.complete and not res.failed and self.resident.get(shard) is res:
             with res.cond:
+                # One pass in file order: a chunk that failed is served per request from then on.
                 chunk = res.state.find(MISSING, res.cursor)
                 if chunk < 0:
-                    chunk = res.state.find(MISSING)  # readers may have released a failed claim
-                if chunk < 0:
-                    return  # the rest is claimed by readers
+                    return  # the rest is loaded or claimed by readers
                 res.cursor = chunk + 1
                 res.state[chunk] = CLAIMED
                 res.busy += 1
             try:
                 self._read_chunk(res, chunk)
+            except _BadChunk:
+                continue  # left to per-request reads
             except ShardIOError:
                 return
             finally:

@@ -23,16 +23,27 @@ class Shard:
         self.format_name = format_for(path).name
         self.broken: str | None = None
         self.index_path: str | None = None  # where its index was loaded from or saved to
+        self.io_errors = 0
         self._fd: int | None = None
         self._layout: DataLayout | None = None
         self._lock = threading.RLock()  # _fail is called with it held
 
     def _fail(self, why: str) -> ShardIOError:
+        """The shard is unusable for good (changed, truncated, gone): all its files answer EIO."""
         with self._lock:
             if self.broken is None:
                 self.broken = why
                 log.error("%s: %s; its files now answer EIO", self.path, why)
         return ShardIOError(f"{self.path}: {why}")
+
+    def _io_error(self, offset: int, exc: OSError) -> ShardIOError:
+        """A read failed (EIO from storage): this read answers EIO; the next one tries again."""
+        with self._lock:
+            self.io_errors += 1
+            if self.io_errors <= 10 or self.io_errors % 1000 == 0:
+                log.error("%s: read error at offset %d: %s (%d so far; reads of it are retried)",
+                          self.path, offset, exc.strerror, self.io_errors)
+        return ShardIOError(f"{self.path}: read error at offset {offset}: {exc.strerror}")
 
     def changed_on_disk(self) -> bool:
         try:
@@ -72,7 +83,7 @@ class Shard:
         try:
             data = os.pread(fd, length, offset)
         except OSError as exc:
-            raise self._fail(f"read error at offset {offset}: {exc.strerror}") from None
+            raise self._io_error(offset, exc) from None
         if len(data) != length:
             raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
         return data
@@ -84,7 +95,7 @@ class Shard:
         try:
             got = os.preadv(fd, [view], offset)
         except OSError as exc:
-            raise self._fail(f"read error at offset {offset}: {exc.strerror}") from None
+            raise self._io_error(offset, exc) from None
         if got != len(view):
             raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
 

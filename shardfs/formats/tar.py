@@ -32,7 +32,14 @@ class _Window:
     def get(self, pos: int, n: int) -> bytes:
         off = pos - self.start
         if off < 0 or off + n > len(self.buf):
-            self.start, self.buf = pos, os.pread(self.fd, max(n, WINDOW), pos)
+            try:
+                self.start, self.buf = pos, os.pread(self.fd, max(n, WINDOW), pos)
+            except OSError:
+                # The window may reach into a bad spot of a member's data: read just what we need.
+                try:
+                    self.start, self.buf = pos, os.pread(self.fd, n, pos)
+                except OSError as exc:
+                    raise ShardFormatError(f"read error at offset {pos}: {exc.strerror}") from None
             off = 0
         return self.buf[off : off + n]
 

@@ -1,0 +1,50 @@
+"""A real FUSE filesystem that serves a directory read-only and fails reads on purpose.
+
+    python faultyfs.py SRC MOUNTPOINT NAME START END
+
+Reads of file NAME that overlap bytes [START, END) answer EIO; everything else passes
+through. Storage that fails like a bad disk or a flaky network filesystem, for tests.
+"""
+
+import errno
+import os
+import stat
+import sys
+
+os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+import mfusepy as fuse  # noqa: E402
+
+
+class FaultyFS(fuse.Operations):
+    use_ns = True
+
+    def __init__(self, root: str, name: str, start: int, end: int):
+        self.root, self.name, self.start, self.end = root, name, start, end
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def getattr(self, path, fh=None):
+        try:
+            st = os.lstat(self._real(path))
+        except FileNotFoundError:
+            raise fuse.FuseOSError(errno.ENOENT) from None
+        attrs = {key: getattr(st, key) for key in ("st_mode", "st_size", "st_nlink", "st_uid", "st_gid")}
+        attrs["st_mtime"] = st.st_mtime_ns
+        return attrs
+
+    def readdir(self, path, fh):
+        return [".", "..", *os.listdir(self._real(path))]
+
+    def read(self, path, size, offset, fh):
+        if path.lstrip("/") == self.name and offset < self.end and offset + size > self.start:
+            raise fuse.FuseOSError(errno.EIO)
+        with open(self._real(path), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+
+if __name__ == "__main__":
+    src, mnt, name, start, end = sys.argv[1:6]
+    assert stat.S_ISDIR(os.stat(src).st_mode)
+    fuse.FUSE(FaultyFS(src, name, int(start), int(end)), mnt, foreground=True, ro=True, direct_io=True)
