@@ -3,9 +3,9 @@
 How a read of raw shard bytes is answered (``ShardCache.fetch``):
 
 * The shard is **resident** (admitted to the cache): its bytes live in one anonymous
-  mmap of the shard's size, filled in chunks (4 MiB). Chunks the read needs that are
+  mmap of the shard's size, filled in 1 MiB chunks. Chunks the read needs that are
   not there yet are read by the reader itself, at once, so a reader waits only for its
-  own bytes; a loader thread fills the other chunks in file order. A chunk is read once,
+  own bytes; a loader thread fills the other chunks in file order, 8 MiB per request. A chunk is read once,
   by whoever claims it first, so a shard costs one pass over storage.
 * The shard is **not resident**: at its first read it is admitted if its size fits the free
   budget (or fits after evicting shards nobody has read for ``idle_evict`` seconds), and
@@ -36,7 +36,10 @@ from .shards import Shard, ShardIOError
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4 << 20
+# Readers fetch the 1 MiB chunks they need (short waits); loaders read runs of up to
+# 8 missing chunks per request (large sequential reads for the storage).
+CHUNK = 1 << 20
+LOAD_RUN = 8
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
 WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
@@ -271,12 +274,13 @@ class ShardCache:
                 if res.state[chunk] == LOADED:
                     continue
                 res.state[chunk] = CLAIMED
-            self._read_chunk(res, chunk)
+            self._read_chunks(res, chunk, 1)
         return waited
 
-    def _read_chunk(self, res: Resident, chunk: int) -> None:
-        start = chunk * CHUNK
-        length = min(CHUNK, res.size - start)
+    def _read_chunks(self, res: Resident, first: int, count: int) -> None:
+        """Read claimed chunks first..first+count-1 in one request and mark them loaded."""
+        start = first * CHUNK
+        length = min(count * CHUNK, res.size - start)
         began = time.perf_counter_ns()
         try:
             res.shard.read_into(memoryview(res.buf)[start : start + length], start)
@@ -284,9 +288,10 @@ class ShardCache:
             with res.cond:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
                     res.failed = str(exc)
-                    res.state[chunk] = MISSING
-                else:
-                    res.state[chunk] = BAD
+                # A failing run goes back to the readers, who narrow it down chunk by chunk;
+                # a single chunk that fails is served per request from then on.
+                fallback = BAD if count == 1 and not res.failed else MISSING
+                res.state[first : first + count] = bytes([fallback]) * count
                 res.cond.notify_all()
             self._count("load_errors")
             if res.failed:
@@ -296,8 +301,8 @@ class ShardCache:
         self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
         res.shard.forget(start, length)
         with res.cond:
-            res.state[chunk] = LOADED
-            res.missing -= 1
+            res.state[first : first + count] = bytes([LOADED]) * count
+            res.missing -= count
             res.cond.notify_all()
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
@@ -364,17 +369,20 @@ class ShardCache:
                 return  # no room: prefetch stops at the budget
         while not res.complete and not res.failed and self.resident.get(shard) is res:
             with res.cond:
-                # One pass in file order: a chunk that failed is served per request from then on.
-                chunk = res.state.find(MISSING, res.cursor)
-                if chunk < 0:
+                # One pass in file order; what fails is left to the readers that need it.
+                first = res.state.find(MISSING, res.cursor)
+                if first < 0:
                     return  # the rest is loaded or claimed by readers
-                res.cursor = chunk + 1
-                res.state[chunk] = CLAIMED
+                count = 1
+                while count < LOAD_RUN and first + count < len(res.state) and res.state[first + count] == MISSING:
+                    count += 1
+                res.cursor = first + count
+                res.state[first : first + count] = bytes([CLAIMED]) * count
                 res.busy += 1
             try:
-                self._read_chunk(res, chunk)
+                self._read_chunks(res, first, count)
             except _BadChunk:
-                continue  # left to per-request reads
+                continue
             except ShardIOError:
                 return
             finally:

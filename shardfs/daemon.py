@@ -8,6 +8,7 @@ is delivered through ``signal.set_wakeup_fd`` to a thread that does the rescan.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -36,6 +37,15 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _return_freed_memory() -> None:
+    """Merging the indexes leaves ~40 B/member of freed heap that glibc keeps (measured at 1M
+    members: RSS 156 -> 128 MB after this); give it back before serving for hours."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -55,7 +65,7 @@ class Daemon:
         self._rescan_lock = threading.Lock()
 
     def serve(self) -> int:
-        from .fs import ShardFS, fuse  # imports libfuse: keep `shardfs index` etc. usable without it
+        from .fs import PlusFUSE, ShardFS  # imports libfuse: keep `shardfs index` etc. usable without it
 
         _raise_fd_limit()
         opts = self.opts
@@ -63,6 +73,7 @@ class Daemon:
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
+        _return_freed_memory()
         if opts.cache_size:
             budget, why = parse_size(opts.cache_size), f"--cache-size {opts.cache_size}"
         else:
@@ -78,7 +89,7 @@ class Daemon:
         fsname = self.sources[0].replace(",", "_") if self.sources else "shardfs"
         started = time.monotonic()
         try:
-            fuse.FUSE(self.fs, self.mountpoint, foreground=True, ro=True, default_permissions=True,
+            PlusFUSE(self.fs, self.mountpoint, foreground=True, ro=True, default_permissions=True,
                       allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
                       subtype="shardfs",
                       max_threads=MAX_THREADS,

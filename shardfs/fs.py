@@ -9,6 +9,7 @@ handle and works from the path.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
@@ -35,6 +36,56 @@ NEGATIVE_TIMEOUT = 60.0
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"
 XATTR_FORMAT = "user.shardfs.format"
+
+
+_SYMLINK = int(Kind.SYMLINK)  # a plain int: enum attribute lookups cost on every getattr
+FILL_DIR_PLUS = 2  # libfuse3's FUSE_FILL_DIR_PLUS
+READDIR_PLUS = 1  # libfuse3's FUSE_READDIR_PLUS
+
+
+class PlusFUSE(fuse.FUSE):
+    """mfusepy's FUSE, with readdirplus. mfusepy hands libfuse only each entry's mode and
+    inode, without offsets, and libfuse then sends the kernel no attributes. Here every entry
+    goes with its full attributes, its offset and FUSE_FILL_DIR_PLUS, so a listing (ImageFolder's
+    scan) also fills the kernel's entry and attribute caches: opening a file later costs no
+    LOOKUP, one FUSE request per file instead of two."""
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags) -> int:
+        plus = FILL_DIR_PLUS if flags & READDIR_PLUS else 0
+        st = fuse.c_stat()
+        entries = self.operations.listing(path.decode(self.encoding, self.errors))
+        for index in range(offset, len(entries)):
+            name, attrs = entries.entry(index)
+            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+            fuse.set_st_attrs(st, attrs, use_ns=True)
+            if filler(buf, name, st, index + 1, plus) != 0:
+                break  # the kernel's buffer is full: it asks again from this offset
+        return 0
+
+
+class Listing:
+    """One directory's entries, addressable by position without building the ones skipped."""
+
+    def __init__(self, fs: "ShardFS", view: Dataset, node: int):
+        self.fs, self.view = fs, view
+        tree = view.tree
+        self.dir = node - 1
+        self.subdirs, self.files = tree.children(node)
+        self.parent = tree.dir_id[names.parent_of(tree.dirs[self.dir].path)]
+
+    def __len__(self) -> int:
+        return 2 + len(self.subdirs) + len(self.files)
+
+    def entry(self, index: int) -> tuple[bytes, dict]:
+        view, fs = self.view, self.fs
+        if index < 2:
+            return (b"." if index == 0 else b".."), fs._dir_attrs(view, self.dir if index == 0 else self.parent)
+        index -= 2
+        if index < len(self.subdirs):
+            d = self.subdirs[index]
+            return names.basename_of(view.tree.dirs[d].path), fs._dir_attrs(view, d)
+        m = int(self.files[index - len(self.subdirs)])
+        return names.basename_of(view.tree.name(m)), fs._member_attrs(view, m)
 
 
 def _erofs(*_args, **_kwargs):
@@ -103,16 +154,10 @@ class ShardFS(fuse.Operations):
 
     # ---- metadata --------------------------------------------------------
 
-    def getattr(self, path: str, fh=None) -> dict:
-        self.stats.op("getattr")
-        view = self.view
-        node = self._node(view, path)
+    def _member_attrs(self, view: Dataset, m: int) -> dict:
         tree = view.tree
-        if tree.is_dir(node):
-            return self._dir_attrs(view, node - 1)
-        m = tree.member(node)
         size = int(tree.size[m])
-        kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
+        kind = stat.S_IFLNK if tree.kind[m] == _SYMLINK else stat.S_IFREG
         mtime = int(float(tree.mtime[m]) * 1e9)
         return {
             "st_ino": inode_number(tree.name(m)),
@@ -127,25 +172,28 @@ class ShardFS(fuse.Operations):
             "st_atime": mtime,
         }
 
-    def readdir(self, path: str, fh):
+    def getattr(self, path: str, fh=None) -> dict:
+        self.stats.op("getattr")
+        view = self.view
+        node = self._node(view, path)
+        if view.tree.is_dir(node):
+            return self._dir_attrs(view, node - 1)
+        return self._member_attrs(view, view.tree.member(node))
+
+    def listing(self, path: str) -> Listing:
         self.stats.op("readdir")
         view = self.view
         node = self._node(view, path)
-        tree = view.tree
-        if not tree.is_dir(node):
+        if not view.tree.is_dir(node):
             raise fuse.FuseOSError(errno.ENOTDIR)
-        subdirs, files = tree.children(node)
-        # Entries carry their inode: with use_ino an entry of inode 0 would be skipped by readdir(3).
-        here = tree.dirs[node - 1].path
-        yield ".", {"st_mode": stat.S_IFDIR, "st_ino": inode_number(here)}, 0
-        yield "..", {"st_mode": stat.S_IFDIR, "st_ino": inode_number(names.parent_of(here))}, 0
-        for d in subdirs:
-            sub = tree.dirs[d].path
-            yield os.fsdecode(names.basename_of(sub)), {"st_mode": stat.S_IFDIR, "st_ino": inode_number(sub)}, 0
-        for m in files.tolist():
-            kind = stat.S_IFLNK if tree.kind[m] == Kind.SYMLINK else stat.S_IFREG
-            name = tree.name(m)
-            yield os.fsdecode(names.basename_of(name)), {"st_mode": kind, "st_ino": inode_number(name)}, 0
+        return Listing(self, view, node)
+
+    def readdir(self, path: str, fh):
+        """Only for mfusepy's registration: PlusFUSE.readdir_fuse_3 serves listings."""
+        listing = self.listing(path)
+        for index in range(len(listing)):
+            name, attrs = listing.entry(index)
+            yield os.fsdecode(name), attrs, 0
 
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
