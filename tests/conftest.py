@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shardfs import sample
-from shardfs.mount import process_alive
+from shardfs.mount import is_stale, process_alive
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ needs_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse an
 def force_unmount(path: str, pid: int | None = None) -> None:
     """fusermount3 -u, then lazy, then the daemon we started (by pid, never by name)."""
     for cmd in (["fusermount3", "-u", path], ["fusermount3", "-u", "-z", path]):
-        if not os.path.ismount(path) and not _stale(path):
+        if not os.path.ismount(path) and not is_stale(path):
             break
         subprocess.run(cmd, capture_output=True)
     if pid:
@@ -44,13 +44,6 @@ def force_unmount(path: str, pid: int | None = None) -> None:
         except ProcessLookupError:
             pass
 
-
-def _stale(path: str) -> bool:
-    try:
-        os.stat(path)
-        return False
-    except OSError as exc:
-        return exc.errno == 107  # ENOTCONN
 
 
 class Mount:
