@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # 8 missing chunks per request (large sequential reads for the storage).
 CHUNK = 1 << 20
 LOAD_RUN = 8
+PAGE = mmap.PAGESIZE
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
 WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
@@ -150,7 +151,8 @@ class Resident:
     def __init__(self, shard: Shard):
         self.shard = shard
         self.size = shard.size
-        self.buf = mmap.mmap(-1, max(self.size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Rounded up to whole pages so that O_DIRECT reads of the last chunk fit (see Shard.read_into).
+        self.buf = mmap.mmap(-1, max(-(-self.size // PAGE) * PAGE, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         nchunks = (self.size + CHUNK - 1) // CHUNK
         self.state = bytearray(nchunks)
         self.missing = nchunks
@@ -283,7 +285,7 @@ class ShardCache:
         length = min(count * CHUNK, res.size - start)
         began = time.perf_counter_ns()
         try:
-            res.shard.read_into(memoryview(res.buf)[start : start + length], start)
+            res.shard.read_into(memoryview(res.buf), start, length)
         except ShardIOError as exc:
             with res.cond:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
@@ -299,7 +301,6 @@ class ShardCache:
                 raise
             raise _BadChunk from exc
         self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
-        res.shard.forget(start, length)
         with res.cond:
             res.state[first : first + count] = bytes([LOADED]) * count
             res.missing -= count
