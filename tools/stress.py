@@ -162,8 +162,9 @@ def run(readers: int, seconds: float, files: int, shards: int, min_size: int, ma
         "storage_bytes_read": end["cache"]["storage_bytes_read"], "daemon_read_errors": end["read_errors"],
     }
     result["memory_ok"] = peak_rss <= rss0 + budget + OVERHEAD and result["cache_used_max"] <= budget
-    # One descriptor per shard is opened on first use and kept; anything beyond that is a leak.
-    result["fds_ok"] = result["fds_max"] <= fds0 + shards + 8
+    # Two descriptors per shard (buffered, O_DIRECT) are opened on first use and kept;
+    # anything beyond that is a leak.
+    result["fds_ok"] = result["fds_max"] <= fds0 + 2 * shards + 8
     result["ok"] = (not totals[2] and not totals[3] and result["memory_ok"] and result["fds_ok"]
                     and end["read_errors"] == 0)
     return result
