@@ -560,9 +560,9 @@ class Ratarmount(Method):
         mnt = os.path.join(self.ctx.work, "mnt", self.name)
         clean_mountpoint(mnt)
         log = os.path.join(self.ctx.work, "logs", f"{self.name}.log")
-        with open(log, "a") as lf:
+        with open(log, "a") as lf:  # own session: a Ctrl-C leaves the daemon to our unmount in `finally`
             proc = subprocess.Popen([self.exe(), "-f", *self.ctx.shards, mnt], stdout=lf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         wait_mounted(mnt, proc, 3600, log)
         return Mount(os.path.join(mnt, "train"), mnt, proc.pid, proc)
 
@@ -581,9 +581,9 @@ class Squashfuse(Method):
         mnt = os.path.join(self.ctx.work, "mnt", self.name)
         clean_mountpoint(mnt)
         log = os.path.join(self.ctx.work, "logs", f"{self.name}.log")
-        with open(log, "a") as lf:
+        with open(log, "a") as lf:  # own session, as for ratarmount
             proc = subprocess.Popen(["squashfuse_ll", "-f", self.ctx.marker["squashfs"]["path"], mnt], stdout=lf,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         wait_mounted(mnt, proc, 600, log)
         return Mount(os.path.join(mnt, "train"), mnt, proc.pid, proc)
 
