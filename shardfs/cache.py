@@ -235,7 +235,9 @@ class ShardCache:
 
     # ---- the read path ---------------------------------------------------
 
-    def fetch(self, shard: Shard, offset: int, length: int) -> bytes:
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes | memoryview:
+        """The shard's raw bytes there; from the cache as a view (no copy: the mount copies it
+        once into the reply), else bytes read from storage."""
         res = self.resident.get(shard)
         if res is None:
             res = self._admit(shard)
@@ -252,7 +254,9 @@ class ShardCache:
             return self._direct(shard, offset, length)
         else:
             self._count("misses" if waited else "hits")
-            return res.buf[offset : offset + length]
+            # Loaded chunks are never written again, and the view keeps the mapping alive
+            # through an eviction until the reply is sent.
+            return memoryview(res.buf)[offset : offset + length]
         finally:
             with res.cond:
                 res.busy -= 1

@@ -9,10 +9,10 @@ from .shards import Shard
 
 
 class Fetcher(Protocol):
-    def fetch(self, shard: Shard, offset: int, length: int) -> bytes: ...
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes | memoryview: ...
 
 
-def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int) -> bytes:
+def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int) -> bytes | memoryview:
     tree = view.tree
     length = min(size, int(tree.size[m]) - offset)
     if length <= 0:
