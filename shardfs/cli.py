@@ -200,7 +200,7 @@ def cmd_pack(args) -> int:
     opts = PackOptions(prefix=args.prefix or "", format=args.format, shard_size=size("--shard-size", args.shard_size),
                        shard_members=args.shard_members, shuffle=args.shuffle or args.seed is not None,
                        seed=args.seed or 0, block_size=size("--block-size", args.block_size), under=args.under,
-                       mtime=args.mtime, workers=args.workers or 1, overwrite=args.overwrite)
+                       mtime=args.mtime, workers=args.workers or 1, overwrite=args.overwrite, layout=args.layout)
     try:
         summary = pack_path(args.source, args.out, opts, classes=args.classes, root=args.root)
     except PackError as exc:
@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtime", type=int, metavar="SECONDS", help="every member's mtime (default: the source file's)")
     p.add_argument("--workers", type=int, help="processes writing shards (output does not depend on it; default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier pack of the same prefix in OUT")
+    p.add_argument("--layout", choices=["plain", "webdataset"], default="plain",
+                   help="webdataset: each image as <key>.<ext> + <key>.cls (its label), class list in "
+                        "OUT/classes.txt (mount with --layout imagefolder --class-names OUT/classes.txt)")
     p.set_defaults(func=cmd_pack)
 
     p = add("verify", help="check shards: structure, manifest sha256, optionally decode images")
