@@ -62,12 +62,12 @@ def wds_shards(tmp_path_factory):
 
 def wds_reference(urls):
     """{key: (jpg bytes, label)} as webdataset itself reads the shards."""
-    ds = wds.WebDataset(sorted(map(str, urls)), shardshuffle=False).to_tuple("__key__", "jpg", "cls")
+    ds = wds.WebDataset(sorted(map(str, urls)), shardshuffle=False).to_tuple("__key__", "jpg;jpeg;png", "cls")
     return {key: (jpg, int(cls)) for key, jpg, cls in ds}
 
 
 def wds_pixels(urls):
-    ds = wds.WebDataset(sorted(map(str, urls)), shardshuffle=False).decode("pil").to_tuple("__key__", "jpg", "cls")
+    ds = wds.WebDataset(sorted(map(str, urls)), shardshuffle=False).decode("pil").to_tuple("__key__", "jpg;jpeg;png", "cls")
     return {key: (transforms.functional.pil_to_tensor(img), cls) for key, img, cls in ds}
 
 
@@ -312,3 +312,27 @@ def test_layout_options_from_toml_fstab_and_command_line(tmp_path):
     check(fstab)
     assert (fstab.layout, fstab.class_names) == ("imagefolder", str(names))
     assert shardfs_cmd("ls", "/nonexistent", "--layout", "imagefolder", "--class-names", str(tmp_path / "none")).returncode
+
+
+@needs_fuse
+def test_sighup_rescan_keeps_the_imagefolder_layout(tmp_path, mount):
+    import signal
+    import time
+
+    out = tmp_path / "wds"
+    out.mkdir()
+    with wds.TarWriter(str(out / "s-0.tar")) as sink:
+        sink.write({"__key__": "a", "jpg": b"A", "cls": 0})
+    m = mount(out, options=("--layout", "imagefolder"))
+    assert os.listdir(m.path) == ["0"]
+    with wds.TarWriter(str(out / "s-1.tar")) as sink:
+        sink.write({"__key__": "b", "jpg": b"B", "cls": 1})
+        sink.write({"__key__": "nolabel", "jpg": b"N"})
+    os.kill(m.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while m.stats()["shards"] != 2:
+        assert time.monotonic() < deadline, "rescan timed out"
+        time.sleep(0.05)
+    assert sorted(os.listdir(m.path)) == ["0", "1"]
+    assert open(os.path.join(m.path, "1", "b.jpg"), "rb").read() == b"B"
+    assert "1 sample without a .cls label, left out (e.g. s-1.tar:nolabel)" in m.log()
