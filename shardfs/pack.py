@@ -354,6 +354,12 @@ def pack_dataset(dataset, out_dir: str, prefix: str = "data", *, image_format: s
         source = {"kind": "dataset", "name": type(dataset).__name__, "classes": None,
                   "image_format": image_format.upper(),
                   "quality": quality if image_format.upper() in ("JPEG", "JPG") else None}
-        return pack_members(members, out_dir, opts, source, started)
+        return pack_members(members, out_dir, opts, source, started, _dataset_classes(dataset, members))
     finally:
         shutil.rmtree(spool, ignore_errors=True)
+
+
+def _dataset_classes(dataset, members: list[Member]) -> list[str] | None:
+    """The dataset's class list when the folders are its names: webdataset labels are then its targets."""
+    names = [str(c) for c in getattr(dataset, "classes", None) or []]
+    return names if names and {m.name.split("/", 1)[0] for m in members} <= set(names) else None

@@ -336,3 +336,16 @@ def test_sighup_rescan_keeps_the_imagefolder_layout(tmp_path, mount):
     assert sorted(os.listdir(m.path)) == ["0", "1"]
     assert open(os.path.join(m.path, "1", "b.jpg"), "rb").read() == b"B"
     assert "1 sample without a .cls label, left out (e.g. s-1.tar:nolabel)" in m.log()
+
+
+def test_pack_dataset_webdataset_labels_are_the_targets(tmp_path):
+    from shardfs.pack import pack_dataset
+
+    class Unsorted(datasets.FakeData):
+        classes = ["zz", "aa", "mm", "unused"]
+
+    ds = Unsorted(size=6, image_size=(3, 8, 8), num_classes=3)
+    pack_dataset(ds, str(tmp_path / "out"), "fake", layout="webdataset", shard_members=4)
+    reference = wds_reference(sorted((tmp_path / "out").glob("*.tar")))
+    assert {k: label for k, (_png, label) in reference.items()} == {str(i): ds[i][1] for i in range(6)}
+    assert (tmp_path / "out" / "classes.txt").read_text().split() == Unsorted.classes
