@@ -146,6 +146,9 @@ def test_samples_without_a_usable_label_are_reported_and_left_out(tmp_path, moun
     assert "2 samples with a label out of range, left out (e.g. s-000002.tar:negative, s-000002.tar:toolarge)" in log
     assert "1 sample without an image member, left out (e.g. s-000002.tar:noimage)" in log
     assert log.count("not in sorted order") == 1
+    listed = shardfs_cmd("ls", str(out), "cat", "--layout", "imagefolder", "--class-names", str(tmp_path / "names.txt"))
+    assert listed.stdout.split() == ["deep.png", "good1.jpg", "good3.jpg", "good5.jpg"]
+    assert "1 sample without a .cls label" in listed.stderr
 
 
 @needs_fuse
