@@ -33,6 +33,7 @@ class Skipped:
 
     counts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    used: set[int] = field(default_factory=set)  # labels of the samples kept
 
     def add(self, reason: str, shard: str, key: bytes) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
@@ -58,12 +59,21 @@ class ImageFolderLayout:
             return f"{label:0{self.width}d}"
         return self.classes[label] if label < len(self.classes) else None
 
-    def notes(self) -> list[str]:
+    def notes(self, used: set[int]) -> list[str]:
+        """Why ImageFolder's class indices would differ from the .cls labels, if they would."""
+        notes = []
         if self.classes is not None and self.classes != sorted(self.classes):
-            return ["imagefolder layout: the class names are not in sorted order, so torchvision's "
-                    "ImageFolder numbers the classes differently from the .cls labels (map them with "
-                    "dataset.class_to_idx)"]
-        return []
+            notes.append("imagefolder layout: the class names are not in sorted order, so torchvision's "
+                         "ImageFolder numbers the classes differently from the .cls labels (map them with "
+                         "dataset.class_to_idx)")
+        count = len(self.classes) if self.classes is not None else max(used, default=-1) + 1
+        missing = [i for i in range(count) if i not in used]
+        if missing:  # ImageFolder sees no folder for them: the classes after shift down
+            shown = ", ".join(str(self.folder(i)) for i in missing[:SHOWN_KEYS])
+            notes.append(f"imagefolder layout: {len(missing)} of {count} classes have no sample ({shown}"
+                         f"{', ...' if len(missing) > SHOWN_KEYS else ''}), so ImageFolder's class indices "
+                         "differ from the .cls labels after the first of them")
+        return notes
 
 
 def label_width(indexes: list[ShardIndex]) -> int:
@@ -129,6 +139,7 @@ def imagefolder(ix: ShardIndex, layout: ImageFolderLayout, shard: str, skipped: 
                 skipped.add("with a label out of range", shard, key)
                 continue
             folder = folders[label] = (name.encode("utf-8", "surrogateescape") + b"/", len(folders))
+            skipped.used.add(label)
         chosen.append(image)
         paths.append(folder[0] + key[key.rfind(b"/") + 1 :] + b"." + ext)
         parent.append(folder[1])
@@ -153,11 +164,11 @@ def apply(layout: ImageFolderLayout | None, shard_names: list[str], indexes: lis
     """(the indexes as the layout shows them, problem lines). ``None`` is the plain layout."""
     if layout is None:
         return indexes, []
-    if layout.classes is None:
-        layout.width = label_width(indexes)
+    if layout.classes is None:  # never narrower than before: a rescan does not rename every folder
+        layout.width = max(layout.width, label_width(indexes))
     skipped = Skipped()
     views = [imagefolder(ix, layout, shard, skipped) for shard, ix in zip(shard_names, indexes)]
-    return views, layout.notes() + skipped.lines()
+    return views, layout.notes(skipped.used) + skipped.lines()
 
 
 def from_options(name: str, class_names: str | None) -> ImageFolderLayout | None:

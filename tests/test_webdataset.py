@@ -146,6 +146,7 @@ def test_samples_without_a_usable_label_are_reported_and_left_out(tmp_path, moun
     assert "2 samples with a label out of range, left out (e.g. s-000002.tar:negative, s-000002.tar:toolarge)" in log
     assert "1 sample without an image member, left out (e.g. s-000002.tar:noimage)" in log
     assert log.count("not in sorted order") == 1
+    assert "classes have no sample" not in log
     listed = shardfs_cmd("ls", str(out), "cat", "--layout", "imagefolder", "--class-names", str(tmp_path / "names.txt"))
     assert listed.stdout.split() == ["deep.png", "good1.jpg", "good3.jpg", "good5.jpg"]
     assert "1 sample without a .cls label" in listed.stderr
@@ -294,6 +295,17 @@ def test_imagefolder_transform_renames_and_keeps_the_bytes(tmp_path):
     assert not skipped.counts
     assert layouts.imagefolder(ix, layouts.ImageFolderLayout(["zero"]), "s.tar", skipped).name(0) == b"zero/k2.PNG"
     assert skipped.lines() == ["imagefolder layout: 1 sample with a label out of range, left out (e.g. s.tar:a/k1)"]
+
+
+def test_classes_without_samples_are_noted(tmp_path):
+    shard = str(tmp_path / "s.tar")
+    write_tar(shard, [("a.jpg", b"A"), ("a.cls", b"0"), ("b.jpg", b"B"), ("b.cls", b"3")])
+    views, notes = layouts.apply(layouts.ImageFolderLayout(), ["s.tar"], [shard_index.build(shard)])
+    assert notes == ["imagefolder layout: 2 of 4 classes have no sample (1, 2), so ImageFolder's class indices "
+                     "differ from the .cls labels after the first of them"]
+    _views, notes = layouts.apply(layouts.ImageFolderLayout(["a", "b", "c", "d", "e"]), ["s.tar"],
+                                  [shard_index.build(shard)])
+    assert "3 of 5 classes have no sample (b, c, e)" in notes[0]
 
 
 def test_layout_options_from_toml_fstab_and_command_line(tmp_path):
