@@ -16,7 +16,7 @@ import os
 
 from .atomic import atomic_file
 from .errors import UsageError
-from .layouts import IMAGE_EXTS
+from .layouts import IMAGE_EXTS, split_key
 from .packinput import Member, check_name, join
 
 CLASSES_FILE = "classes.txt"
@@ -70,10 +70,9 @@ def to_samples(members: list[Member], classes: list[str] | None, spool: str,
 
 
 def sample_key(name: bytes) -> bytes:
-    """The sample a member belongs to (its path up to the first dot of its last component)."""
-    cut = name.rfind(b"/") + 1
-    dot = name.find(b".", cut)
-    return name if dot < 0 else name[:dot]
+    """The sample a member belongs to (its key, as the mount's imagefolder layout reads it)."""
+    parts = split_key(name)
+    return parts[0] if parts else name
 
 
 def write_classes(out_dir: str, classes: list[str]) -> str:
