@@ -51,7 +51,8 @@ def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None 
 
     Without ``mountpoint`` a private temporary directory is used and removed afterwards.
     Options are those of ``shardfs mount``: cache_size, prefetch, loaders, index_dir,
-    workers, log_file, allow_other (bool), auto_unmount (bool, default True).
+    workers, log_file, layout ("plain" or "imagefolder"), class_names, allow_other (bool),
+    auto_unmount (bool, default True).
     """
     sources = [os.fspath(s) for s in (src if isinstance(src, list | tuple) else [src])]
     made_dir = mountpoint is None

@@ -59,7 +59,8 @@ def _mount_config(args):
 def _apply_command_line(cfg, args):
     from .config import apply_options, check
 
-    for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level"):
+    for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level", "layout",
+                "class_names"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
@@ -113,7 +114,8 @@ def cmd_run(args) -> int:
     cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
     options = {"cache_size": cfg.cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
-               "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount}
+               "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount, "layout": cfg.layout,
+               "class_names": cfg.class_names and os.path.abspath(cfg.class_names)}
     try:
         return run(sources, mountpoint, args.command, options)
     except MountError as exc:
@@ -198,7 +200,7 @@ def cmd_pack(args) -> int:
     opts = PackOptions(prefix=args.prefix or "", format=args.format, shard_size=size("--shard-size", args.shard_size),
                        shard_members=args.shard_members, shuffle=args.shuffle or args.seed is not None,
                        seed=args.seed or 0, block_size=size("--block-size", args.block_size), under=args.under,
-                       mtime=args.mtime, workers=args.workers or 1, overwrite=args.overwrite)
+                       mtime=args.mtime, workers=args.workers or 1, overwrite=args.overwrite, layout=args.layout)
     try:
         summary = pack_path(args.source, args.out, opts, classes=args.classes, root=args.root)
     except PackError as exc:
@@ -224,7 +226,10 @@ def cmd_ls(args) -> int:
     from .dataset import open_dataset
     from .listing import list_path
 
-    ds = open_dataset([args.source], index_dir=args.index_dir)
+    from .layouts import from_options
+
+    layout = from_options(args.layout or "plain", args.class_names)
+    ds = open_dataset([args.source], index_dir=args.index_dir, layout=layout)
     for line in ds.problems:
         print(f"shardfs: warning: {line}", file=sys.stderr)
     try:
@@ -233,6 +238,15 @@ def cmd_ls(args) -> int:
     except BrokenPipeError:  # `shardfs ls ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def layout_options(group) -> None:
+    group.add_argument("--layout", choices=["plain", "imagefolder"],
+                       help="plain: members as stored (default); imagefolder: WebDataset samples "
+                            "(<key>.jpg + <key>.cls) as <class>/<key>.jpg for torchvision's ImageFolder")
+    group.add_argument("--class-names", metavar="FILE",
+                       help="imagefolder: class folder names, one per line (label i = line i); "
+                            "default: the labels, zero-padded")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-auto-unmount", action="store_true",
                    help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
     m.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
+    layout_options(m)
 
     p = add("mount", parents=[mount_options], help="mount shards as one read-only tree")
     p.add_argument("paths", nargs="*", metavar="SRC... MOUNTPOINT",
@@ -319,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtime", type=int, metavar="SECONDS", help="every member's mtime (default: the source file's)")
     p.add_argument("--workers", type=int, help="processes writing shards (output does not depend on it; default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier pack of the same prefix in OUT")
+    p.add_argument("--layout", choices=["plain", "webdataset"], default="plain",
+                   help="webdataset: each image as <key>.<ext> + <key>.cls (its label), class list in "
+                        "OUT/classes.txt (mount with --layout imagefolder --class-names OUT/classes.txt)")
     p.set_defaults(func=cmd_pack)
 
     p = add("verify", help="check shards: structure, manifest sha256, optionally decode images")
@@ -333,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
     p.add_argument("--index-dir")
+    layout_options(p)
     p.set_defaults(func=cmd_ls)
     return parser
 

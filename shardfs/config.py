@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class MountConfig:
     # mount is left behind; off, a stale mount is cleaned by the next `shardfs mount`.
     auto_unmount: bool = True
     log_file: str | None = None
+    layout: str = "plain"  # or "imagefolder": WebDataset samples as <class>/<key>.<ext> (layouts.py)
+    class_names: str | None = None  # imagefolder: class names, one per line (label i = line i)
 
 
 # key -> (accepted types, description used in messages)
@@ -48,6 +51,8 @@ _KEYS = {
     "log_level": ((str,), f"one of {', '.join(LOG_LEVELS)}"),
     "auto_unmount": ((bool,), "true or false"),
     "log_file": ((str,), "a path"),
+    "layout": ((str,), "plain or imagefolder"),
+    "class_names": ((str,), "a path"),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -108,6 +113,17 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
         value = getattr(cfg, key)
         if value is not None and value < 1:
             raise fail(key, f"expected {_KEYS[key][1]}, got {value}")
+    if cfg.layout not in ("plain", "imagefolder"):
+        raise fail("layout", f"expected {_KEYS['layout'][1]}, got {cfg.layout!r}")
+    if cfg.class_names is not None:
+        if cfg.layout != "imagefolder":
+            raise fail("class_names", "applies to layout imagefolder only")
+        from .packinput import read_classes
+
+        try:  # here, so that `shardfs mount` fails before starting a daemon
+            read_classes(cfg.class_names)
+        except UsageError as exc:
+            raise fail("class_names", str(exc)) from None
 
 
 # fstab options mount(8) passes along that mean nothing to us (the mount is always read-only).
@@ -115,7 +131,7 @@ _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "
                     "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
                     "default_permissions", "async", "sync"}
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
-                  "log_level": str, "log_file": str}
+                  "log_level": str, "log_file": str, "layout": str, "class_names": str}
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
@@ -141,7 +157,9 @@ def apply_options(cfg: MountConfig, text: str) -> None:
 def to_args(cfg: MountConfig) -> list[str]:
     """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon)."""
     args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
-            "--loaders", str(cfg.loaders)]
+            "--loaders", str(cfg.loaders), "--layout", cfg.layout]
+    if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
+        args += ["--class-names", os.path.abspath(cfg.class_names)]
     for key in ("cache_size", "index_dir", "workers", "log_file"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from . import dataset as datasets
+from . import layouts
 from .cache import ShardCache, default_budget, parse_size
 from .config import MountConfig
 from .notify import Notifier
@@ -63,13 +64,14 @@ class Daemon:
         self.notifier = Notifier()
         self.stats = Stats()
         self._rescan_lock = threading.Lock()
+        self.layout = layouts.from_options(cfg.layout, cfg.class_names)  # read once: a rescan keeps it
 
     def serve(self) -> int:
         from .fs import PlusFUSE, ShardFS  # imports libfuse: keep `shardfs index` etc. usable without it
 
         _raise_fd_limit()
         opts = self.opts
-        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers)
+        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout)
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
@@ -185,7 +187,7 @@ class Daemon:
                                monotonic_usec=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
             old = self.fs.view
             try:
-                new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers)
+                new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers, self.layout)
             except Exception as exc:  # keep serving the old view whatever went wrong
                 log.error("rescan failed, still serving the previous view: %s", exc)
                 self.notifier.send(ready="1")

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from . import index as shard_index
+from . import layouts
 from .errors import UsageError
 from .shards import Shard
 from .sources import find_shards
@@ -51,12 +52,14 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
     return [(p, ix, how) for p, (ix, how) in zip(paths, results)]
 
 
-def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None) -> Dataset:
-    return _assemble(find_shards(sources), index_dir, workers, previous=None)
+def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
+                 layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+    """``layout``: None shows members as stored; see layouts.py for the imagefolder view."""
+    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout)
 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
-           workers: int | None = None) -> Dataset:
+           workers: int | None = None, layout: layouts.ImageFolderLayout | None = None) -> Dataset:
     """The dataset as the sources are now, keeping what readers may still hold.
 
     Added shards join the tree. A shard that disappeared or changed on disk keeps its
@@ -69,7 +72,7 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
     except UsageError as exc:
         log.error("rescan: %s; every shard is now missing", exc)
         paths = []
-    return _assemble(paths, index_dir, workers, previous)
+    return _assemble(paths, index_dir, workers, previous, layout)
 
 
 def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
@@ -83,7 +86,8 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
     return None
 
 
-def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None) -> Dataset:
+def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
+              layout: layouts.ImageFolderLayout | None = None) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
@@ -123,6 +127,9 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
         raise UsageError("no readable shard: " + "; ".join(problems[:3]))
     order = sorted(entries)
     newest = max(entries[p][0].shard_mtime_ns for p in order) / 1e9
-    tree = Tree([os.path.basename(p) for p in order], [entries[p][0] for p in order], default_mtime=newest)
+    shown = [os.path.basename(p) for p in order]
+    views, notes = layouts.apply(layout, shown, [entries[p][0] for p in order])
+    problems.extend(notes)
+    tree = Tree(shown, views, default_mtime=newest)
     problems.extend(tree.problems)
     return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built)

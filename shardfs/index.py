@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import names
+from . import labels, names
 from .atomic import atomic_file
-from .formats import format_for
+from .formats import ShardFormatError, format_for
 from .formats.base import Kind
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: cls_member/cls_value (WebDataset labels)
 INDEX_SUFFIX = ".shardfs-idx"
 MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 
@@ -53,6 +53,9 @@ class ShardIndex:
     parent: np.ndarray  # uint32 index into ``dirs``
     dirs: list[bytes]  # distinct parent directories ("" is the root)
     symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
+    # Labels of small ``*.cls`` members (see labels.py): member index, value (labels.UNPARSABLE if not an int)
+    cls_member: np.ndarray = field(default_factory=lambda: labels.no_labels()[0])  # int32
+    cls_value: np.ndarray = field(default_factory=lambda: labels.no_labels()[1])  # int64
     warnings: list[str] = field(default_factory=list)
     error: str | None = None  # the scan stopped here; members before it are good
     stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
@@ -105,6 +108,15 @@ def build(shard_path: str) -> ShardIndex:
         kept[path] = rec
 
     members = list(kept.values())
+    offsets = np.array([rec.offset for rec in members], dtype=np.int64)
+    sizes = np.array([rec.size for rec in members], dtype=np.int64)
+    cls_member, cls_value = labels.no_labels()
+    wanted = [i for i, rec in enumerate(members) if rec.kind == Kind.FILE and labels.is_label_member(rec.path, rec.size)]
+    if wanted:  # only WebDataset-style shards pay for this
+        try:
+            cls_member, cls_value = _read_labels(shard_path, fmt, st.st_size, wanted, offsets, sizes)
+        except (OSError, ShardFormatError) as exc:
+            warnings.append(f"{shown}: cannot read its .cls labels: {exc}")
     dir_ids: dict[bytes, int] = {}
     parent = np.empty(len(members), dtype=np.uint32)
     for i, rec in enumerate(members):
@@ -117,8 +129,8 @@ def build(shard_path: str) -> ShardIndex:
         names=b"".join(name_list),
         name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
         kind=np.array([rec.kind for rec in members], dtype=np.uint8),
-        offset=np.array([rec.offset for rec in members], dtype=np.int64),
-        size=np.array([rec.size for rec in members], dtype=np.int64),
+        offset=offsets,
+        size=sizes,
         mode=np.array([rec.mode for rec in members], dtype=np.uint16),
         mtime=np.array([rec.mtime for rec in members], dtype=np.float64),
         hash=np.array([path_hash(n) for n in name_list], dtype=np.uint64),
@@ -127,10 +139,23 @@ def build(shard_path: str) -> ShardIndex:
         symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
         warnings=warnings,
         error=f"{shown}: {result.error}" if result.error else None,
+        cls_member=cls_member,
+        cls_value=cls_value,
     )
 
 
-_ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent")
+def _read_labels(shard_path: str, fmt, size: int, wanted: list[int], offsets, sizes):
+    """Labels through the format's layout (tar or lz4), from the local shard file."""
+    layout = fmt.open_layout(shard_path, size)
+    fd = os.open(shard_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fetch = lambda offset, length: os.pread(fd, length, offset)  # noqa: E731
+        return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, fetch))
+    finally:
+        os.close(fd)
+
+
+_ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
 
 
 def _text(b: bytes) -> str:
@@ -160,11 +185,15 @@ def save(index: ShardIndex, path: str) -> None:
         np.savez(out, **arrays)
 
 
+class OutdatedIndex(ValueError):
+    """Written by another shardfs version: rebuilt, not an error."""
+
+
 def load(path: str) -> ShardIndex:
     with np.load(path, allow_pickle=False) as npz:
         meta = json.loads(npz["meta"].tobytes())
         if meta.get("version") != INDEX_VERSION:
-            raise ValueError(f"index version {meta.get('version')}, expected {INDEX_VERSION}")
+            raise OutdatedIndex(f"index version {meta.get('version')}, this shardfs writes {INDEX_VERSION}")
         return ShardIndex(
             format=meta["format"],
             shard_size=meta["shard_size"],
@@ -215,6 +244,9 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
             try:
                 index = load(path)
             except FileNotFoundError:
+                continue
+            except OutdatedIndex as exc:
+                log.info("index %s: %s; rebuilding", path, exc)
                 continue
             except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
                 log.warning("ignoring unreadable index %s: %s", path, exc)

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import manifest, packinput
+from . import manifest, packinput, packwds
 from .errors import UsageError
 from .index import INDEX_SUFFIX
 from .packinput import Member
+from .packwds import sample_key
 from .shardwriter import SUFFIXES, PackError, ShardInfo, SizeBound, write_shard
 
 __all__ = ["PackOptions", "PackSummary", "PackError", "pack_members", "pack_path", "pack_dataset", "plan"]
@@ -51,6 +52,7 @@ class PackOptions:
     mtime: int | None = None  # every member's mtime; None: the source file's
     workers: int = 1
     overwrite: bool = False
+    layout: str = "plain"  # or "webdataset": <key>.<ext> + <key>.cls samples (packwds.py)
     progress: bool | None = None  # tqdm's disable=None rule: only on a terminal
 
     def check(self) -> None:
@@ -62,6 +64,8 @@ class PackOptions:
             raise UsageError("the shard size limit must be positive")
         if self.shard_members is not None and self.shard_members < 1:
             raise UsageError("--shard-members must be at least 1")
+        if self.layout not in ("plain", "webdataset"):
+            raise UsageError(f"unknown layout {self.layout!r} (plain or webdataset)")
         if self.workers < 1:
             raise UsageError("--workers must be at least 1")
         from .formats.lz4shard import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
@@ -71,10 +75,13 @@ class PackOptions:
 
     def recorded(self) -> dict:
         """The options that shape the output (the manifest records these; workers do not matter)."""
-        return {"format": self.format, "shard_size": self.shard_size, "shard_members": self.shard_members,
-                "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None,
-                "block_size": self.block_size if self.format == "lz4" else None,
-                "under": self.under, "mtime": self.mtime}
+        recorded = {"format": self.format, "shard_size": self.shard_size, "shard_members": self.shard_members,
+                    "shuffle": self.shuffle, "seed": self.seed if self.shuffle else None,
+                    "block_size": self.block_size if self.format == "lz4" else None,
+                    "under": self.under, "mtime": self.mtime}
+        if self.layout != "plain":  # plain packs keep the manifest they always had
+            recorded["layout"] = self.layout
+        return recorded
 
 
 @dataclass
@@ -99,32 +106,43 @@ class PackSummary:
 # ---- planning -----------------------------------------------------------------
 
 
-def order(members: list[Member], shuffle: bool, seed: int) -> list[Member]:
+def order(members: list[Member], shuffle: bool, seed: int, grouped: bool = False) -> list[list[Member]]:
+    """Members in sorted path order (then shuffled), in groups that stay together: one member
+    each, or with ``grouped`` the members of one WebDataset sample (adjacent once sorted, as their
+    keys hold no dot)."""
     members = sorted(members, key=lambda m: m.key)
     for a, b in zip(members, members[1:]):
         if a.key == b.key:
             raise UsageError(f"two sources give the member path {a.name} ({a.source}, {b.source})")
+    groups: list[list[Member]] = []
+    for m in members:
+        if grouped and groups and sample_key(groups[-1][0].key) == sample_key(m.key):
+            groups[-1].append(m)
+        else:
+            groups.append([m])
     if shuffle:
-        perm = np.random.RandomState(seed % 2**32).permutation(len(members))
-        members = [members[i] for i in perm]
-    return members
+        perm = np.random.RandomState(seed % 2**32).permutation(len(groups))
+        groups = [groups[i] for i in perm]
+    return groups
 
 
 def plan(members: list[Member], opts: PackOptions) -> tuple[list[list[Member]], list[str]]:
-    """Shards (lists of members, in order) and the members that alone exceed the size limit."""
+    """Shards (lists of members, in order) and the members that alone exceed the size limit.
+    A WebDataset sample is never split between shards."""
     shards: list[list[Member]] = []
     oversized: list[str] = []
     current: list[Member] = []
     bound = SizeBound(opts.format, opts.block_size)
-    for m in order(members, opts.shuffle, opts.seed):
-        full = opts.shard_members is not None and len(current) >= opts.shard_members
-        if current and (full or bound.with_member(m) > opts.shard_size):
+    for group in order(members, opts.shuffle, opts.seed, grouped=opts.layout == "webdataset"):
+        full = opts.shard_members is not None and len(current) + len(group) > opts.shard_members
+        if current and (full or bound.with_members(group) > opts.shard_size):
             shards.append(current)
             current, bound = [], SizeBound(opts.format, opts.block_size)
-        if bound.with_member(m) > opts.shard_size:
-            oversized.append(m.name)
-        current.append(m)
-        bound.add(m)
+        if bound.with_members(group) > opts.shard_size:
+            oversized.append(group[0].name)
+        current.extend(group)
+        for m in group:
+            bound.add(m)
     if current:
         shards.append(current)
     return shards, oversized
@@ -241,12 +259,30 @@ def _rate(nbytes: int, started: float) -> str:
 
 
 def pack_members(members: list[Member], out_dir: str, opts: PackOptions, source: dict,
-                 started: float | None = None) -> PackSummary:
-    """Plan, write every shard and the manifest; remove shards of an earlier pack of the same prefix."""
+                 started: float | None = None, classes: list[str] | None = None) -> PackSummary:
+    """Plan, write every shard and the manifest; remove shards of an earlier pack of the same prefix.
+
+    With ``opts.layout == "webdataset"`` the members (named ``<class>/...``, without ``opts.under``)
+    become samples, and the class list is written as ``classes.txt`` (see packwds.py)."""
     started = time.monotonic() if started is None else started
     opts.check()
     if not members:
         raise UsageError("nothing to pack: the source has no files")
+    if opts.layout != "webdataset":
+        return _pack_members(members, out_dir, opts, source, started)
+    prepare_out_dir(out_dir, opts)
+    spool = tempfile.mkdtemp(dir=out_dir, prefix=".pack-spool-")
+    try:
+        members, classes = packwds.to_samples(members, classes, os.path.join(spool, "labels"), opts.under)
+        summary = _pack_members(members, out_dir, opts, source, started)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    packwds.write_classes(out_dir, classes)
+    return summary
+
+
+def _pack_members(members: list[Member], out_dir: str, opts: PackOptions, source: dict,
+                  started: float) -> PackSummary:
     shards, oversized = plan(members, opts)
     old = prepare_out_dir(out_dir, opts)
     try:  # from now on, until the new one is written, no manifest vouches for a half-replaced pack
@@ -277,23 +313,25 @@ def pack_path(src: str, out_dir: str, opts: PackOptions, classes: str | None = N
     started = time.monotonic()
     if not opts.prefix:
         opts.prefix = _default_prefix(src)
+    under = "" if opts.layout == "webdataset" else opts.under  # webdataset: class = first component
+    class_list = None
     if os.path.isdir(src):
         if classes or root:
             raise UsageError("--classes and --root apply to a mapping file, not to a directory")
         if os.path.realpath(out_dir) == os.path.realpath(src):
             raise UsageError(f"{out_dir}: the output directory cannot be the source directory")
         inside = os.path.realpath(out_dir).startswith(os.path.realpath(src) + os.sep)
-        members = packinput.from_directory(src, opts.under, opts.mtime, exclude=out_dir if inside else None)
+        members = packinput.from_directory(src, under, opts.mtime, exclude=out_dir if inside else None)
         source = {"kind": "directory", "name": os.path.basename(os.path.normpath(os.path.abspath(src))),
                   "classes": None}
     elif os.path.isfile(src):
         class_list = packinput.read_classes(classes) if classes else None
-        members = packinput.from_mapping(src, root, class_list, opts.under, opts.mtime)
+        members = packinput.from_mapping(src, root, class_list, under, opts.mtime)
         source = {"kind": "mapping", "name": os.path.basename(src),
                   "classes": os.path.basename(classes) if classes else None}
     else:
         raise UsageError(f"{src}: no such file or directory")
-    return pack_members(members, out_dir, opts, source, started)
+    return pack_members(members, out_dir, opts, source, started, class_list)
 
 
 def pack_dataset(dataset, out_dir: str, prefix: str = "data", *, image_format: str = "PNG", quality: int = 90,
@@ -311,10 +349,17 @@ def pack_dataset(dataset, out_dir: str, prefix: str = "data", *, image_format: s
     prepare_out_dir(out_dir, opts)  # refuse before encoding anything
     spool = tempfile.mkdtemp(dir=out_dir, prefix=".pack-spool-")
     try:
-        members = members_from_dataset(dataset, spool, opts.under, image_format, quality, opts.workers, opts.mtime)
+        under = "" if opts.layout == "webdataset" else opts.under
+        members = members_from_dataset(dataset, spool, under, image_format, quality, opts.workers, opts.mtime)
         source = {"kind": "dataset", "name": type(dataset).__name__, "classes": None,
                   "image_format": image_format.upper(),
                   "quality": quality if image_format.upper() in ("JPEG", "JPG") else None}
-        return pack_members(members, out_dir, opts, source, started)
+        return pack_members(members, out_dir, opts, source, started, _dataset_classes(dataset, members))
     finally:
         shutil.rmtree(spool, ignore_errors=True)
+
+
+def _dataset_classes(dataset, members: list[Member]) -> list[str] | None:
+    """The dataset's class list when the folders are its names: webdataset labels are then its targets."""
+    names = [str(c) for c in getattr(dataset, "classes", None) or []]
+    return names if names and {m.name.split("/", 1)[0] for m in members} <= set(names) else None

@@ -86,6 +86,11 @@ class SizeBound:
         body, names = self._cost(m)
         return self._total(self.count + 1, self.body + body, self.names + names)
 
+    def with_members(self, ms: list[Member]) -> int:
+        costs = [self._cost(m) for m in ms]
+        return self._total(self.count + len(ms), self.body + sum(c[0] for c in costs),
+                           self.names + sum(c[1] for c in costs))
+
     def add(self, m: Member) -> None:
         body, names = self._cost(m)
         self.count, self.body, self.names = self.count + 1, self.body + body, self.names + names
