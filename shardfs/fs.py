@@ -42,6 +42,7 @@ XATTR_FORMAT = "user.shardfs.format"
 _SYMLINK = int(Kind.SYMLINK)  # a plain int: enum attribute lookups cost on every getattr
 FILL_DIR_PLUS = 2  # libfuse3's FUSE_FILL_DIR_PLUS
 READDIR_PLUS = 1  # libfuse3's FUSE_READDIR_PLUS
+CAP_READDIRPLUS, CAP_READDIRPLUS_AUTO = 1 << 13, 1 << 14  # libfuse3's FUSE_CAP_READDIRPLUS(_AUTO)
 
 
 _thread_state = threading.local()
@@ -154,6 +155,11 @@ class ShardFS(fuse.Operations):
             config.negative_timeout = NEGATIVE_TIMEOUT
             config.kernel_cache = 1
             config.use_ino = 1
+        if conn is not None and conn.capable & CAP_READDIRPLUS:
+            # Always readdirplus: with "auto" (libfuse's default) the kernel asks for attributes
+            # only in the first batch of a large directory, and each file listed after it costs
+            # a LOOKUP when opened (measured: 1,602 extra requests in a 20,000-file epoch).
+            conn.want = (conn.want | CAP_READDIRPLUS) & ~CAP_READDIRPLUS_AUTO
         if self.on_ready is not None:
             self.on_ready()
 
