@@ -160,3 +160,23 @@ def test_inode_numbers_match_readdir_and_survive_added_shards(special_shards, mo
     after = {p: os.lstat(os.path.join(second.path, p)).st_ino for p in (big, "data", "")}
     assert after == before
     assert before[""] == 1
+
+
+def test_a_listing_primes_every_entry_of_a_large_directory(tmp_path, mount):
+    """After one listing, opening and reading each of 2,000 files costs one READ and no
+    LOOKUP, also for the entries past the kernel's first readdir batch."""
+    out = tmp_path / "many"
+    out.mkdir()
+    files = {f"cls/{i:05d}.bin": random.Random(i).randbytes(100 + i % 900) for i in range(2000)}
+    with tarfile.open(out / "a.tar", "w") as tf:
+        for name, data in files.items():
+            _add(tf, name, data)
+    m = mount(out)
+    before = m.stats()["fuse_ops"]
+    assert len(os.listdir(os.path.join(m.path, "cls"))) == 2000
+    for name, data in files.items():
+        with open(os.path.join(m.path, name), "rb") as f:
+            assert f.read() == data
+    ops = m.stats()["fuse_ops"]
+    assert ops.get("read", 0) - before.get("read", 0) == 2000
+    assert ops.get("getattr", 0) - before.get("getattr", 0) <= 2
