@@ -49,6 +49,15 @@ class ShardFormatError(Exception):
     """The shard is damaged or not of the format it claims; the message says where."""
 
 
+class SourceUnavailable(Exception):
+    """The shard's bytes could not be read at all (a remote object gone, changed or unreachable):
+    not damage, so nothing about the shard is recorded from a scan this stopped."""
+
+    def __init__(self, error: OSError, permanent: bool):
+        super().__init__(str(error))
+        self.error, self.permanent = error, permanent
+
+
 @dataclass(slots=True)
 class ScanResult:
     members: list[MemberRecord]
