@@ -187,6 +187,8 @@ class _S3:
     def __init__(self, options: dict):
         import s3fs  # noqa: PLC0415 (lazy: only remote mounts need it)
 
+        for noisy in ("botocore", "aiobotocore", "s3fs"):  # "Found credentials in ..." at every start
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         options = dict(options)
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("retries", {"max_attempts": 1})  # we retry, and log it
@@ -253,7 +255,7 @@ class _S3:
 
     async def get(self, url: str, start: int, length: int, tag: str | None) -> bytes:
         bucket, key = self._split(url)
-        what = f"GET {url} bytes {start}-{start + length - 1}"
+        what = f"GET {url}" + (f" bytes {start}-{start + length - 1}" if length is not None else "")
         s3 = await self._client(bucket)
         kw = {"Bucket": bucket, "Key": key}
         if length is not None:
@@ -373,8 +375,9 @@ def counters() -> dict:
         return dict(_counts)
 
 
-def _call(what: str, make, *args):
-    """Run ``make(*args)`` (a coroutine function of a backend) on fsspec's loop; retry transient errors."""
+def _call(what: str, make, *args, optional: bool = False):
+    """Run ``make(*args)`` (a coroutine function of a backend) on fsspec's loop; retry transient errors.
+    ``optional``: the object may well not exist (a 404 is not counted as a failure)."""
     import fsspec.asyn  # noqa: PLC0415
 
     store = make.__self__
@@ -388,7 +391,8 @@ def _call(what: str, make, *args):
             error = RemoteError(f"{what}: timed out after {REQUEST_TIMEOUT:.0f} s", permanent=False)
             error.__cause__ = exc
         if error.permanent or attempt == RETRIES:
-            _count("failed")
+            if not (optional and error.status in (403, 404, 410)):
+                _count("failed")
             if not error.permanent:
                 error.strerror = f"{error.strerror} (gave up after {RETRIES} attempts)"
             raise error
@@ -425,7 +429,7 @@ def read_whole(url: str) -> bytes | None:
     """The whole object, or None if there is none (an optional file such as an index)."""
     store = _store(url)
     try:
-        return _call(f"GET {url}", store.get, url, 0, None, None)
+        return _call(f"GET {url}", store.get, url, 0, None, None, optional=True)
     except RemoteError as exc:
         if exc.status in (403, 404, 410):
             return None
