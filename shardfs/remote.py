@@ -191,7 +191,7 @@ class _S3:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         options = dict(options)
         config = dict(options.pop("config_kwargs", None) or {})
-        config.setdefault("retries", {"max_attempts": 1})  # we retry, and log it
+        config.setdefault("retries", {"total_max_attempts": 1})  # we retry, and log it
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self.loop = self.fs.loop
 
@@ -216,7 +216,7 @@ class _S3:
             if code in ("NoSuchKey", "NoSuchBucket", "AccessDenied", "PreconditionFailed", "InvalidAccessKeyId",
                         "SignatureDoesNotMatch", "InvalidRange"):
                 status = status or 400
-            err = _status_error(what, status, code)
+            err = _status_error(what, status, "" if code.isdigit() else code)
             if code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
                 err.permanent = False
             return err
