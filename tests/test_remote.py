@@ -252,3 +252,21 @@ def test_storage_options_in_a_config_file_and_as_fstab_options(bucket, tar_shard
     finally:
         if shardfs_cmd("umount", str(tmp_path / "viaconf")).returncode != 0:
             force_unmount(str(tmp_path / "viaconf"))
+
+
+def test_lz4_shards_and_shardfs_index_on_s3(bucket, sample_tree, tar_shards, moto_endpoint, mount, tmp_path):
+    from shardfs import sample
+    from shardfs.formats.lz4shard import Lz4ShardWriter
+
+    files = sample.files_under(str(sample_tree))
+    with Lz4ShardWriter(str(tmp_path / "all.lz4shard"), block_size=64 * 1024) as w:
+        for rel in files:
+            w.add_file(rel, (sample_tree / rel).read_bytes(), mode=0o644, mtime=1.7e9)
+    bucket.put("lz4/all.lz4shard", (tmp_path / "all.lz4shard").read_bytes())
+    url = f"s3://{bucket.name}/lz4/"
+    done = shardfs_cmd("index", url, "--option", f"endpoint_url={moto_endpoint}", check=True)
+    assert "1 indexes built" in done.stdout and len(index_cache(tmp_path)) == 1  # kept locally, keyed by URL
+    m = mount(url, options=("--option", f"endpoint_url={moto_endpoint}"))
+    assert m.stats()["indexes_built"] == 0
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert os.getxattr(os.path.join(m.path, files[0]), "user.shardfs.format") == b"lz4"
