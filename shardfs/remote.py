@@ -253,7 +253,7 @@ class _S3:
         except Exception as exc:
             raise self._translate(f"LIST {url}", exc) from None
 
-    async def get(self, url: str, start: int, length: int, tag: str | None) -> bytes:
+    async def get(self, url: str, start: int, length: int | None, tag: str | None, out=None):
         bucket, key = self._split(url)
         what = f"GET {url}" + (f" bytes {start}-{start + length - 1}" if length is not None else "")
         s3 = await self._client(bucket)
@@ -264,13 +264,14 @@ class _S3:
             kw["IfMatch"] = tag
         try:
             resp = await s3.get_object(**kw)
+            if tag and resp.get("ETag") and resp["ETag"] != tag:
+                raise RemoteError(f"{what}: ETag {resp['ETag']} is not {tag} (object changed)", permanent=True)
             async with resp["Body"] as body:
-                data = await body.read()
+                return await _body(body.read, out)
+        except RemoteError:
+            raise
         except Exception as exc:
             raise self._translate(what, exc) from None
-        if tag and resp.get("ETag") and resp["ETag"] != tag:
-            raise RemoteError(f"{what}: ETag {resp['ETag']} is not {tag} (object changed)", permanent=True)
-        return data
 
 
 class _HTTP:
@@ -318,7 +319,7 @@ class _HTTP:
         shards = [link for link in links if format_for(link) is not None]
         return list(await asyncio.gather(*(self.info(link) for link in shards))), links
 
-    async def get(self, url: str, start: int, length: int | None, tag: str | None) -> bytes:
+    async def get(self, url: str, start: int, length: int | None, tag: str | None, out=None):
         what = f"GET {url}" + (f" bytes {start}-{start + length - 1}" if length is not None else "")
         headers = {}
         if length is not None:
@@ -334,14 +335,32 @@ class _HTTP:
                 got_tag = r.headers.get("ETag")
                 if tag and got_tag and not tag.startswith("last-modified:") and got_tag != tag:
                     raise RemoteError(f"{what}: ETag {got_tag} is not {tag} (object changed)", permanent=True)
-                if length is not None and r.status != 206:
-                    if not (start == 0 and r.content_length == length):
-                        raise RemoteError(f"{what}: the server ignores Range requests (status {r.status})",
-                                          permanent=True)
-                data = await r.read()
+                if length is not None and r.status == 206:
+                    got_range = r.headers.get("Content-Range", "")
+                    if not got_range.startswith(f"bytes {start}-{start + length - 1}/"):
+                        raise RemoteError(f"{what}: the server sent {got_range or 'no Content-Range'}", permanent=True)
+                elif length is not None and not (start == 0 and r.content_length == length):
+                    raise RemoteError(f"{what}: the server ignores Range requests (status {r.status})",
+                                      permanent=True)
+                return await _body(r.content.read, out)
         except Exception as exc:
             raise self._translate(what, exc) from None
-        return data
+
+
+async def _body(read, out):
+    """The response body (``read(n)`` gives up to n bytes, b"" at its end): as bytes, or written
+    into the memoryview ``out`` (one copy less; returns how many bytes came)."""
+    if out is None:
+        return await read(-1)
+    pos = 0
+    while True:
+        chunk = await read(min(1 << 20, len(out) - pos) if pos < len(out) else 1)
+        if not chunk:
+            return pos
+        if pos + len(chunk) > len(out):
+            raise RemoteError(f"body longer than the {len(out)} bytes asked for", permanent=False)
+        out[pos : pos + len(chunk)] = chunk
+        pos += len(chunk)
 
 
 _stores: dict[tuple[str, int], object] = {}
@@ -408,20 +427,22 @@ def info(url: str) -> ObjectInfo:
     return _call(f"HEAD {url}", store.info, url)
 
 
-def read(url: str, offset: int, length: int, tag: str | None) -> bytes:
-    """Exactly ``length`` bytes at ``offset`` of the object as it was when tagged ``tag``."""
+def read(url: str, offset: int, length: int, tag: str | None, out: memoryview | None = None):
+    """Exactly ``length`` bytes at ``offset`` of the object as it was when tagged ``tag``:
+    returned, or written into ``out`` (a memoryview of that length)."""
     store = _store(url)
     what = f"GET {url} bytes {offset}-{offset + length - 1}"
     for attempt in range(1, RETRIES + 1):
-        data = _call(what, store.get, url, offset, length, tag)
-        if len(data) == length:
+        data = _call(what, store.get, url, offset, length, tag, out)
+        got = data if out is not None else len(data)
+        if got == length:
             _count("bytes", length)
             return data
         # A cut connection the client did not notice: never hand on a short body.
         if attempt == RETRIES:
-            raise RemoteError(f"{what}: short body ({len(data)} bytes) after {RETRIES} attempts", permanent=False)
+            raise RemoteError(f"{what}: short body ({got} bytes) after {RETRIES} attempts", permanent=False)
         _count("retries")
-        log.warning("%s: short body (%d of %d bytes); retrying", what, len(data), length)
+        log.warning("%s: short body (%d of %d bytes); retrying", what, got, length)
     raise AssertionError("unreachable")
 
 
@@ -555,18 +576,18 @@ class RemoteShard(Shard):
     def fd(self) -> int:
         raise ShardIOError(f"{self.path}: a remote shard has no file descriptor")
 
-    def pread(self, offset: int, length: int) -> bytes:
+    def pread(self, offset: int, length: int, out: memoryview | None = None) -> bytes:
         if self.broken:
             raise ShardIOError(self.broken)
         try:
-            return read(self.path, offset, length, self.tag)
+            return read(self.path, offset, length, self.tag, out)
         except RemoteError as exc:
             if exc.permanent:
                 raise self._fail(exc.strerror) from None
             raise self._io_error(offset, exc) from None
 
     def read_into(self, buf: memoryview, offset: int, length: int) -> None:
-        buf[offset : offset + length] = self.pread(offset, length)
+        self.pread(offset, length, buf[offset : offset + length])  # the body goes straight into the cache
 
     def forget(self, offset: int, length: int) -> None:
         pass  # no page cache of ours to drop

@@ -163,9 +163,11 @@ def main() -> int:
             _stop(proc)
 
     base = rows[0][1]
-    print(f"\n{'source':<14} {'MB/s (median)':>14} {'runs MB/s':>24} {'vs local':>9} {'retries':>8}")
-    for label, rate, rates, retries in rows:
-        print(f"{label:<14} {rate:>14.0f} {' / '.join(f'{r:.0f}' for r in rates):>24} {rate / base:>9.2f} {retries:>8}")
+    runs = [" / ".join(f"{r:.0f}" for r in rates) for _, _, rates, _ in rows]
+    width = max(len("runs MB/s"), *map(len, runs))
+    print(f"\n{'source':<14} {'MB/s (median)':>14}  {'runs MB/s':<{width}} {'vs local':>9} {'retries':>8}")
+    for (label, rate, _, retries), each in zip(rows, runs):
+        print(f"{label:<14} {rate:>14.0f}  {each:<{width}} {rate / base:>9.2f} {retries:>8}")
     return 0
 
 
