@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -270,3 +272,38 @@ def test_lz4_shards_and_shardfs_index_on_s3(bucket, sample_tree, tar_shards, mot
     assert m.stats()["indexes_built"] == 0
     assert tree_digests(m.path) == tree_digests(sample_tree)
     assert os.getxattr(os.path.join(m.path, files[0]), "user.shardfs.format") == b"lz4"
+
+
+def test_sighup_picks_up_added_objects_and_changed_ones_answer_eio(bucket, moto_endpoint, mount):
+    from tarcraft import archive, member
+
+    bucket.put("r/a.tar", archive(member(b"cls/a.txt", b"from a\n")))
+    bucket.put("r/b.tar", archive(member(b"cls/b.txt", b"from b\n")))
+    m = mount(f"s3://{bucket.name}/r/", options=("--option", f"endpoint_url={moto_endpoint}"))
+    assert sorted(os.listdir(os.path.join(m.path, "cls"))) == ["a.txt", "b.txt"]
+    bucket.put("r/c.tar", archive(member(b"cls/c.txt", b"from c\n")))
+    bucket.put("r/b.tar", archive(member(b"cls/b.txt", b"BOOM b\n")))
+    os.kill(m.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while not (m.stats()["shards"] == 3 and m.stats()["shards_broken"] == 1):
+        assert time.monotonic() < deadline, "rescan did not happen"
+        time.sleep(0.05)
+    assert _read(os.path.join(m.path, "cls", "c.txt")) == b"from c\n"
+    assert _read(os.path.join(m.path, "cls", "a.txt")) == b"from a\n"
+    with pytest.raises(OSError) as exc:
+        _read(os.path.join(m.path, "cls", "b.txt"))
+    assert exc.value.errno == errno.EIO
+
+
+def test_brace_urls_on_s3_and_an_http_directory_listing(bucket, tar_shards, sample_tree, moto_endpoint, nginx,
+                                                        mount):
+    bucket.upload_dir(tar_shards)
+    m = mount(f"s3://{bucket.name}/ds/train-{{000000..000003}}.tar",
+              options=("--option", f"endpoint_url={moto_endpoint}"))
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    base, www = nginx
+    for name in SHARDS:
+        shutil.copy(tar_shards / name, www / name)
+    (www / "notes.txt").write_text("not a shard\n")
+    listed = shardfs_cmd("ls", base + "/", "train/n00000002", check=True)
+    assert len(listed.stdout.split()) == 12
