@@ -109,8 +109,10 @@ _options: dict = {}
 def parse_option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` from the command line: true/false, numbers and JSON objects are typed."""
     key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--option {redact_options({key: value}) if sep else text}: expected KEY=VALUE")
+    if not sep or not key:  # (not echoed: it may be a credential)
+        raise UsageError("--option: expected KEY=VALUE, such as endpoint_url=http://host:9000")
+    if is_secret(key):
+        return key, value  # a credential stays a string, even if it looks like a number
     if value.lower() in ("true", "false"):
         return key, value.lower() == "true"
     if re.fullmatch(r"-?\d+", value):
@@ -374,7 +376,13 @@ def _store(url: str):
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            store = _stores[key] = (_S3 if kind == "s3" else _HTTP)(_options)
+            try:
+                store = _stores[key] = (_S3 if kind == "s3" else _HTTP)(_options)
+            except ImportError as exc:
+                raise UsageError(f"{kind} sources need the remote extra ({exc.name} is missing): "
+                                 "pip install 'shardfs[remote]'") from None
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"storage options {redact_options(_options)}: {redact(str(exc))}") from None
     return store
 
 
@@ -409,6 +417,8 @@ def _call(what: str, make, *args, optional: bool = False):
         except (asyncio.TimeoutError, TimeoutError) as exc:
             error = RemoteError(f"{what}: timed out after {REQUEST_TIMEOUT:.0f} s", permanent=False)
             error.__cause__ = exc
+        except Exception as exc:  # connecting, signing, ...: whatever it is, retried and logged
+            error = RemoteError(f"{what}: {type(exc).__name__}: {exc}", permanent=False)
         if error.permanent or attempt == RETRIES:
             if not (optional and error.status in (403, 404, 410)):
                 _count("failed")
