@@ -307,3 +307,18 @@ def test_brace_urls_on_s3_and_an_http_directory_listing(bucket, tar_shards, samp
     (www / "notes.txt").write_text("not a shard\n")
     listed = shardfs_cmd("ls", base + "/", "train/n00000002", check=True)
     assert len(listed.stdout.split()) == 12
+
+
+def test_credentials_and_endpoint_from_aws_config_files(bucket, tar_shards, moto_endpoint, mount, tmp_path,
+                                                        monkeypatch):
+    url = bucket.upload_dir(tar_shards)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "aws-credentials").write_text(
+        f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+    (tmp_path / "aws-config").write_text(f"[default]\nregion = us-east-1\nendpoint_url = {moto_endpoint}\n")
+    m = mount(url)  # no --option: what the AWS tools read is enough
+    assert m.stats()["files"] == 72
+    (tmp_path / "aws-credentials").unlink()
+    done = mount(url, name="nocreds", expect_ok=False)
+    assert done.returncode != 0 and "credentials" in done.stderr.lower()
