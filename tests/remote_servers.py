@@ -119,6 +119,7 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         autoindex on;
+        {extra}
     }}
 }}
 """
@@ -127,6 +128,16 @@ http {{
 @pytest.fixture
 def nginx(tmp_path):
     """nginx from Debian serving ``tmp_path / "www"`` (Range, ETag, If-Match): (base URL, www dir)."""
+    yield from _nginx(tmp_path, "")
+
+
+@pytest.fixture
+def nginx_without_etag(tmp_path):
+    """The same, sending no ETag: objects are known by Last-Modified (If-Unmodified-Since)."""
+    yield from _nginx(tmp_path, "etag off;")
+
+
+def _nginx(tmp_path, extra: str):
     binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if binary is None:
         pytest.skip("needs nginx (apt-get install nginx; tools/setup.sh does)")
@@ -134,7 +145,7 @@ def nginx(tmp_path):
     (prefix / "tmp").mkdir(parents=True)
     www.mkdir()
     conf = prefix / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(prefix=prefix, root=www, port=port,
+    conf.write_text(NGINX_CONF.format(prefix=prefix, root=www, port=port, extra=extra,
                                       user="user root;" if os.getuid() == 0 else ""))
     proc = subprocess.Popen([binary, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
                             stdout=subprocess.DEVNULL, stderr=open(prefix / "stderr.log", "wb"))

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import force_unmount, needs_fuse, shardfs_cmd
 from remote_servers import (  # noqa: F401 (fixtures)
-    ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, proxy, tree_digests,
+    ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
 
 pytestmark = needs_fuse
@@ -322,3 +322,19 @@ def test_credentials_and_endpoint_from_aws_config_files(bucket, tar_shards, moto
     (tmp_path / "aws-credentials").unlink()
     done = mount(url, name="nocreds", expect_ok=False)
     assert done.returncode != 0 and "credentials" in done.stderr.lower()
+
+
+def test_http_server_without_etag_is_checked_by_last_modified(nginx_without_etag, tar_shards, sample_tree, mount,
+                                                             tmp_path):
+    base, www = nginx_without_etag
+    store = HTTPStore(base, www, tar_shards)
+    m = mount(store.source(), options=("--cache-size", "1G"))
+    first = members(tmp_path, SHARDS[0])[0]
+    assert _read(os.path.join(m.path, first)) == (sample_tree / first).read_bytes()
+    data = bytearray((tmp_path / "shards" / SHARDS[3]).read_bytes())
+    data[3000] ^= 0xFF
+    store.put(SHARDS[3], bytes(data))  # same size, a later Last-Modified
+    with pytest.raises(OSError) as exc:
+        _read(os.path.join(m.path, members(tmp_path, SHARDS[3])[0]))
+    assert exc.value.errno == errno.EIO
+    assert "412" in m.log()

@@ -132,7 +132,7 @@ def main() -> int:
         os.makedirs(os.path.join(prefix, "tmp"), exist_ok=True)
         http_port = free_port()
         with open(os.path.join(prefix, "nginx.conf"), "w") as f:
-            f.write(NGINX_CONF.format(prefix=prefix, root=shards_dir, port=http_port,
+            f.write(NGINX_CONF.format(prefix=prefix, root=shards_dir, port=http_port, extra="",
                                       user="user root;" if os.getuid() == 0 else ""))
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         procs.append(subprocess.Popen([nginx, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"),
