@@ -187,7 +187,7 @@ class _S3:
     """S3 and compatibles (MinIO, Ceph RGW, AIStore) through s3fs's aiobotocore client."""
 
     def __init__(self, options: dict):
-        import s3fs  # noqa: PLC0415 (lazy: only remote mounts need it)
+        import s3fs  # lazy: only remote mounts need it
 
         for noisy in ("botocore", "aiobotocore", "s3fs"):  # "Found credentials in ..." at every start
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -208,7 +208,7 @@ class _S3:
 
     @staticmethod
     def _translate(what: str, exc: Exception) -> RemoteError:
-        from botocore.exceptions import ClientError, NoCredentialsError, ParamValidationError  # noqa: PLC0415
+        from botocore.exceptions import ClientError, NoCredentialsError, ParamValidationError
 
         if isinstance(exc, (NoCredentialsError, ParamValidationError)):
             return RemoteError(f"{what}: {exc}", permanent=True)
@@ -280,7 +280,7 @@ class _HTTP:
     """HTTP(S) servers with Range support, through fsspec's HTTPFileSystem (aiohttp)."""
 
     def __init__(self, options: dict):
-        from fsspec.implementations.http import HTTPFileSystem  # noqa: PLC0415
+        from fsspec.implementations.http import HTTPFileSystem
 
         self.fs = HTTPFileSystem(skip_instance_cache=True, **options)
         self.loop = self.fs.loop
@@ -291,7 +291,7 @@ class _HTTP:
         return RemoteError(f"{what}: {type(exc).__name__}: {exc}", permanent=False)
 
     async def _request(self, method: str, url: str, headers: dict):
-        import aiohttp  # noqa: PLC0415
+        import aiohttp
 
         session = await self.fs.set_session()
         kw = dict(self.fs.kwargs)
@@ -405,7 +405,7 @@ def counters() -> dict:
 def _call(what: str, make, *args, optional: bool = False):
     """Run ``make(*args)`` (a coroutine function of a backend) on fsspec's loop; retry transient errors.
     ``optional``: the object may well not exist (a 404 is not counted as a failure)."""
-    import fsspec.asyn  # noqa: PLC0415
+    import fsspec.asyn
 
     store = make.__self__
     for attempt in range(1, RETRIES + 1):

@@ -338,3 +338,22 @@ def test_http_server_without_etag_is_checked_by_last_modified(nginx_without_etag
         _read(os.path.join(m.path, members(tmp_path, SHARDS[3])[0]))
     assert exc.value.errno == errno.EIO
     assert "412" in m.log()
+
+
+def test_a_store_down_for_longer_than_the_retries_gives_eio_then_recovers(nginx, tar_shards, sample_tree, mount,
+                                                                          proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDFS_REMOTE_RETRIES", "2")
+    base, www = nginx
+    store = HTTPStore(base, www, tar_shards)
+    p = proxy(store.upstream_port())
+    m = mount(store.source(p.port), options=("--cache-size", "1G"))
+    p.arm(fail=1000)  # every connection answers 503 until disarmed
+    rel = members(tmp_path, SHARDS[2])[0]
+    with pytest.raises(OSError) as exc:
+        _read(os.path.join(m.path, rel))
+    assert exc.value.errno == errno.EIO
+    assert "gave up after 2 attempts" in m.log()
+    p.arm()  # the store is back: the next read of the same file gets its bytes
+    assert _read(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes()
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert m.stats()["shards_broken"] == 0
