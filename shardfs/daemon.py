@@ -83,6 +83,8 @@ class Daemon:
         else:
             budget, why = default_budget()
         self.remote = any(s.remote for s in view.shards)
+        if self.remote:
+            log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
         self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",

@@ -302,15 +302,28 @@ class _HTTP:
     async def info(self, url: str) -> ObjectInfo:
         try:
             async with await self._request("HEAD", url, {}) as r:
-                if r.status >= 300:
-                    raise _status_error(f"HEAD {url}", r.status, r.reason or "")
-                if "Content-Length" not in r.headers:
-                    raise RemoteError(f"HEAD {url}: no Content-Length", permanent=True)
-                etag, modified = r.headers.get("ETag", ""), r.headers.get("Last-Modified", "")
-                tag = etag if etag and not etag.startswith("W/") else (f"last-modified:{modified}" if modified else "")
-                return ObjectInfo(url, int(r.headers["Content-Length"]), tag, _mtime_ns(modified or None))
+                if r.status not in (405, 501):
+                    return self._info_of(url, "HEAD", r)
+            # A server that does not do HEAD: the first byte, and the size from Content-Range.
+            async with await self._request("GET", url, {"Range": "bytes=0-0"}) as r:
+                return self._info_of(url, "GET", r)
         except Exception as exc:
             raise self._translate(f"HEAD {url}", exc) from None
+
+    @staticmethod
+    def _info_of(url: str, method: str, r) -> ObjectInfo:
+        if r.status >= 300:
+            raise _status_error(f"{method} {url}", r.status, r.reason or "")
+        got_range = r.headers.get("Content-Range", "")
+        if r.status == 206 and re.fullmatch(r"bytes \d+-\d+/\d+", got_range):
+            size = int(got_range.rsplit("/", 1)[1])
+        elif method == "HEAD" and "Content-Length" in r.headers:
+            size = int(r.headers["Content-Length"])
+        else:
+            raise RemoteError(f"{method} {url}: the server does not say the size", permanent=True)
+        etag, modified = r.headers.get("ETag", ""), r.headers.get("Last-Modified", "")
+        tag = etag if etag and not etag.startswith("W/") else (f"last-modified:{modified}" if modified else "")
+        return ObjectInfo(url, size, tag, _mtime_ns(modified or None))
 
     async def listing(self, url: str) -> tuple[list[ObjectInfo], list[str]]:
         """Shards linked from a directory page (nginx autoindex and the like), and every link."""
@@ -524,7 +537,8 @@ def find_objects(src: str) -> list[ObjectInfo]:
                 raise UsageError(f"{shown}: {redact(bad[0])} is not a shard (expected {', '.join(suffixes())})")
             with ThreadPoolExecutor(min(INFO_THREADS, len(urls))) as pool:
                 found = list(pool.map(info, urls))
-        elif src.endswith("/") or (src.startswith("s3://") and "/" not in src[5:].rstrip("/")):
+        elif src.endswith("/") or (src.startswith("s3://") and format_for(src) is None
+                                   and not any(c in src for c in "*?[")):  # s3://bucket/prefix
             found = _list(src)
             if not found:
                 raise UsageError(f"{shown}: no shard found under this prefix (looked for {', '.join(suffixes())})")
