@@ -14,6 +14,7 @@ that is live before this returns) and is always unmounted on exit, exceptions in
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def mount_command(sources: list[str], mountpoint: str, options: dict) -> list[st
     """The ``shardfs mount`` command line for keyword options (cache_size="32G" -> --cache-size 32G)."""
     cmd = [sys.executable, "-m", "shardfs", "mount", *sources, mountpoint]
     for key, value in options.items():
-        if value is None:
+        if value is None or key == "storage_options":  # through the environment: see mounted()
             continue
         if key == "allow_other":
             cmd += ["-o", "allow_other"] if value else []
@@ -52,13 +53,19 @@ def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None 
     Without ``mountpoint`` a private temporary directory is used and removed afterwards.
     Options are those of ``shardfs mount``: cache_size, prefetch, loaders, index_dir,
     workers, log_file, layout ("plain" or "imagefolder"), class_names, allow_other (bool),
-    auto_unmount (bool, default True).
+    auto_unmount (bool, default True), and storage_options (a dict of fsspec options for
+    s3:// and http(s):// sources).
     """
     sources = [os.fspath(s) for s in (src if isinstance(src, list | tuple) else [src])]
     made_dir = mountpoint is None
     path = tempfile.mkdtemp(prefix="shardfs-") if made_dir else os.fspath(mountpoint)
     try:
-        done = subprocess.run(mount_command(sources, path, options), capture_output=True, text=True)
+        env = None
+        if options.get("storage_options"):  # credentials: never on a command line
+            from .remote import OPTIONS_ENV
+
+            env = {**os.environ, OPTIONS_ENV: json.dumps(options["storage_options"])}
+        done = subprocess.run(mount_command(sources, path, options), capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}")
         try:

@@ -20,7 +20,10 @@ def _setup_logging(level: str, log_file: str | None = None, journal: bool = Fals
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
+    from .remote import RedactingFilter
+
     stream = logging.StreamHandler(sys.stderr)
+    stream.addFilter(RedactingFilter())
     if journal:
         stream.setFormatter(_JournalFormatter())
     else:
@@ -29,6 +32,7 @@ def _setup_logging(level: str, log_file: str | None = None, journal: bool = Fals
     if log_file:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
         to_file = logging.FileHandler(log_file)
+        to_file.addFilter(RedactingFilter())
         to_file.setFormatter(logging.Formatter("%(asctime)s shardfs %(levelname)s: %(message)s"))
         root.addHandler(to_file)
     root.setLevel(level.upper())
@@ -65,9 +69,21 @@ def _apply_command_line(cfg, args):
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
         cfg.auto_unmount = False
+    from .remote import configure, options_from_env, parse_option
+
+    # From a `shardfs mount` or `shardfs run` that started us (never on our command line).
+    cfg.storage_options = {**options_from_env(), **cfg.storage_options}
+    cfg.storage_options.update(parse_option(text) for text in args.option or [])
     apply_options(cfg, ",".join(args.o or []))
+    configure(cfg.storage_options)
     check(cfg, lambda key, why: UsageError(f"--{key.replace('_', '-')}: {why}"))
     return cfg
+
+
+def _configure_remote(args) -> None:
+    from .remote import configure, options_from_env, parse_option
+
+    configure({**options_from_env(), **dict(parse_option(text) for text in args.option or [])})
 
 
 def cmd_mount(args) -> int:
@@ -115,7 +131,8 @@ def cmd_run(args) -> int:
     options = {"cache_size": cfg.cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
                "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount, "layout": cfg.layout,
-               "class_names": cfg.class_names and os.path.abspath(cfg.class_names)}
+               "class_names": cfg.class_names and os.path.abspath(cfg.class_names),
+               "storage_options": cfg.storage_options}
     try:
         return run(sources, mountpoint, args.command, options)
     except MountError as exc:
@@ -147,6 +164,7 @@ def cmd_index(args) -> int:
     from .dataset import index_shards
     from .sources import find_shards
 
+    _configure_remote(args)
     paths = find_shards(args.sources)
     bad = members = built = 0
     with tqdm(total=len(paths), unit="shard", disable=None, file=sys.stderr) as bar:
@@ -228,6 +246,7 @@ def cmd_ls(args) -> int:
 
     from .layouts import from_options
 
+    _configure_remote(args)
     layout = from_options(args.layout or "plain", args.class_names)
     ds = open_dataset([args.source], index_dir=args.index_dir, layout=layout)
     for line in ds.problems:
@@ -268,7 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: half of the memory available to this process at mount)")
     m.add_argument("--prefetch", choices=["touched", "all"],
                    help="load each shard when first read (default), or stream every shard in at mount")
-    m.add_argument("--loaders", type=int, help="shards loaded at once in the background (default 2)")
+    m.add_argument("--loaders", type=int,
+                   help="shards loaded at once in the background (default 2; 8 when shards are remote)")
+    m.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="storage option for s3:// and http(s):// sources, passed to fsspec (s3fs, "
+                        "HTTPFileSystem): endpoint_url=http://host:9000, anon=true, key=..., secret=...; repeat it")
     m.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
                                        "(default $XDG_CACHE_HOME/shardfs)")
     m.add_argument("--workers", type=int, help="processes that build missing indexes")
@@ -303,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
     p.set_defaults(func=cmd_umount)
 
-    p = add("index", help="build shard indexes ahead of time")
+    remote_options = argparse.ArgumentParser(add_help=False)
+    remote_options.add_argument("--option", action="append", metavar="KEY=VALUE",
+                                help="storage option for s3:// and http(s):// sources (see mount --option)")
+
+    p = add("index", parents=[remote_options], help="build shard indexes ahead of time")
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--index-dir")
     p.add_argument("--workers", type=int)
@@ -345,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
     p.set_defaults(func=cmd_verify)
 
-    p = add("ls", help="list the merged tree without mounting")
+    p = add("ls", parents=[remote_options], help="list the merged tree without mounting")
     p.add_argument("source", metavar="SRC", help="directory of shards, shard file, or glob")
     p.add_argument("path", nargs="?", metavar="PATH", help="directory or file in the tree (default: the root)")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")

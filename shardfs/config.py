@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cache import PREFETCH_POLICIES, parse_size
 from .errors import UsageError
@@ -25,7 +25,7 @@ class MountConfig:
     mountpoint: str
     cache_size: str | None = None
     prefetch: str = "touched"
-    loaders: int = 2
+    loaders: int | None = None  # None: 2 for local shards, REMOTE_LOADERS when any is remote
     allow_other: bool = False
     index_dir: str | None = None
     workers: int | None = None
@@ -36,6 +36,9 @@ class MountConfig:
     log_file: str | None = None
     layout: str = "plain"  # or "imagefolder": WebDataset samples as <class>/<key>.<ext> (layouts.py)
     class_names: str | None = None  # imagefolder: class names, one per line (label i = line i)
+    # fsspec storage options for remote sources (endpoint_url, key, secret, anon, ...):
+    # never on a command line the daemon is started with, never in logs.
+    storage_options: dict = field(default_factory=dict)
 
 
 # key -> (accepted types, description used in messages)
@@ -53,6 +56,7 @@ _KEYS = {
     "log_file": ((str,), "a path"),
     "layout": ((str,), "plain or imagefolder"),
     "class_names": ((str,), "a path"),
+    "storage_options": ((dict,), "a table of fsspec storage options (endpoint_url, key, secret, ...)"),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -130,6 +134,7 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
 _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev",
                     "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
                     "default_permissions", "async", "sync"}
+STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
                   "log_level": str, "log_file": str, "layout": str, "class_names": str}
 
@@ -144,23 +149,31 @@ def apply_options(cfg: MountConfig, text: str) -> None:
             setattr(cfg, key, True)
         elif key == "no_auto_unmount" and not sep:
             cfg.auto_unmount = False
+        elif key.startswith(STORAGE_PREFIX) and sep and len(key) > len(STORAGE_PREFIX):
+            from .remote import parse_option
+
+            name, typed = parse_option(opt[len(STORAGE_PREFIX):])
+            cfg.storage_options[name] = typed
         elif key in _VALUE_OPTIONS and sep:
             try:
                 setattr(cfg, key, _VALUE_OPTIONS[key](value))
             except ValueError:
                 raise UsageError(f"-o {opt}: expected a whole number") from None
         else:
-            known = ", ".join(["allow_other", "no_auto_unmount", *(f"{k}=" for k in _VALUE_OPTIONS)])
-            raise UsageError(f"unknown mount option -o {opt} (known: {known})")
+            known = ", ".join(["allow_other", "no_auto_unmount", *(f"{k}=" for k in _VALUE_OPTIONS),
+                               f"{STORAGE_PREFIX}KEY="])
+            raise UsageError(f"unknown mount option -o {key} (known: {known})")
 
 
 def to_args(cfg: MountConfig) -> list[str]:
-    """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon)."""
+    """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon).
+    Storage options are not among them (they may hold credentials, and any user can read a
+    command line): they go through the environment, see ``storage_env``."""
     args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
-            "--loaders", str(cfg.loaders), "--layout", cfg.layout]
+            "--layout", cfg.layout]
     if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
         args += ["--class-names", os.path.abspath(cfg.class_names)]
-    for key in ("cache_size", "index_dir", "workers", "log_file"):
+    for key in ("loaders", "cache_size", "index_dir", "workers", "log_file"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
     if cfg.allow_other:
@@ -168,3 +181,16 @@ def to_args(cfg: MountConfig) -> list[str]:
     if not cfg.auto_unmount:
         args += ["--no-auto-unmount"]
     return args
+
+
+def storage_env(cfg: MountConfig) -> dict:
+    """The environment that hands ``cfg.storage_options`` to a daemon or a `shardfs mount` we start."""
+    import json
+    import os
+
+    from .remote import OPTIONS_ENV
+
+    env = dict(os.environ)
+    if cfg.storage_options:
+        env[OPTIONS_ENV] = json.dumps(cfg.storage_options)
+    return env

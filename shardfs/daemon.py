@@ -19,6 +19,7 @@ import threading
 import time
 from . import dataset as datasets
 from . import layouts
+from . import remote
 from .cache import ShardCache, default_budget, parse_size
 from .config import MountConfig
 from .notify import Notifier
@@ -29,6 +30,9 @@ log = logging.getLogger("shardfs")
 # Threads of the FUSE loop: enough that readers waiting on storage do not block the
 # others (the GIL makes more pointless).
 MAX_THREADS = 32
+# Shards streamed in at once: local storage wants a few large sequential readers; object
+# stores and HTTP servers give more throughput to more parallel ranged GETs.
+LOCAL_LOADERS, REMOTE_LOADERS = 2, 8
 
 
 def _raise_fd_limit() -> None:
@@ -80,15 +84,19 @@ class Daemon:
             budget, why = parse_size(opts.cache_size), f"--cache-size {opts.cache_size}"
         else:
             budget, why = default_budget()
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, opts.loaders)
-        log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s",
-                 budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch)
+        self.remote = any(s.remote for s in view.shards)
+        if self.remote:
+            log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
+        loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders)
+        log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
+                 budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
                           on_destroy=lambda: self.notifier.send(stopping="1", status="unmounting"))
         self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
         self._listen_for_sighup()
 
-        fsname = self.sources[0].replace(",", "_") if self.sources else "shardfs"
+        fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         started = time.monotonic()
         try:
             PlusFUSE(self.fs, self.mountpoint, foreground=True, ro=True, default_permissions=True,
@@ -115,7 +123,7 @@ class Daemon:
         view = self.fs.view
         return {
             "pid": os.getpid(),
-            "sources": self.sources,
+            "sources": [remote.redact(s) for s in self.sources],
             "mountpoint": os.path.abspath(self.mountpoint),
             "shards": len(view.shards),
             "shards_broken": sum(1 for s in view.shards if s.broken),
@@ -126,6 +134,7 @@ class Daemon:
             **self.index_figures,
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
+            **({"remote": remote.counters()} if self.remote else {}),
         }
 
     def _status_line(self) -> str:

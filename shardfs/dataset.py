@@ -9,14 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import index as shard_index
 from . import layouts
 from .errors import UsageError
 from .shards import Shard
-from .sources import find_shards
+from .formats.base import SourceUnavailable
+from .sources import find_shards, is_url
 from .tree import Tree
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,19 @@ def _load_or_build(args):
         return shard_index.load_or_build(path, index_dir, rebuild)
     except OSError as exc:
         return None, f"{path}: cannot read: {exc.strerror or exc}"
+    except SourceUnavailable as exc:  # a remote shard unreachable (after retries), gone or changed
+        return None, f"{path}: cannot read: {exc}"
 
 
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False):
-    """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel."""
+    """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
+    (processes for local shards; threads for remote ones, which wait on the network)."""
     jobs = [(p, index_dir, rebuild) for p in paths]
-    if workers > 1 and len(paths) > 1:
+    remote = any(is_url(p) for p in paths)
+    if remote and len(paths) > 1:
+        with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(paths))) as pool:
+            results = list(pool.map(_load_or_build, jobs))
+    elif workers > 1 and len(paths) > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(paths))) as pool:
             results = list(pool.map(_load_or_build, jobs, chunksize=1))
     else:
@@ -73,6 +81,14 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
         log.error("rescan: %s; every shard is now missing", exc)
         paths = []
     return _assemble(paths, index_dir, workers, previous, layout)
+
+
+def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
+    if is_url(path):
+        from .remote import RemoteShard
+
+        return RemoteShard(path, ix.shard_size, ix.shard_mtime_ns, ix.shard_tag)
+    return Shard(path, ix.shard_size, ix.shard_mtime_ns)
 
 
 def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
@@ -119,7 +135,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
                 continue
         shard = old.get(path)
         if shard is None:
-            shard = Shard(path, ix.shard_size, ix.shard_mtime_ns)
+            shard = _open_shard(path, ix)
         shard.index_path = ix.stored_at
         entries[path] = (ix, shard)
 

@@ -8,6 +8,7 @@ valid while the shard's size and mtime are those it was built from.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import logging
@@ -21,7 +22,8 @@ import numpy as np
 from . import labels, names
 from .atomic import atomic_file
 from .formats import ShardFormatError, format_for
-from .formats.base import Kind
+from .formats.base import Kind, Window, open_source
+from .sources import is_url
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class ShardIndex:
     warnings: list[str] = field(default_factory=list)
     error: str | None = None  # the scan stopped here; members before it are good
     stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
+    shard_tag: str = ""  # remote shards: the object's ETag (or Last-Modified) it was built from
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -68,13 +71,22 @@ class ShardIndex:
         return self.names[start : int(self.name_end[i])]
 
 
-def build(shard_path: str) -> ShardIndex:
-    """Scan a shard and vet every member name. Damage is recorded, never raised."""
-    st = os.stat(shard_path)
+def build(shard_path: str, obj=None) -> ShardIndex:
+    """Scan a shard and vet every member name. Damage is recorded, never raised.
+
+    ``obj``: the remote object (shardfs.remote.ObjectInfo) when ``shard_path`` is a URL; it is
+    scanned through 8 MiB ranged reads, conditional on its tag."""
     fmt = format_for(shard_path)
     if fmt is None:
         raise ValueError(f"{shard_path}: not a known shard type")
-    result = fmt.scan(shard_path)
+    if obj is None:
+        st = os.stat(shard_path)
+        size, mtime_ns, tag, src = st.st_size, st.st_mtime_ns, "", shard_path
+    else:
+        from .remote import RemoteSource
+
+        size, mtime_ns, tag, src = obj.size, obj.mtime_ns, obj.tag, RemoteSource(obj)
+    result = fmt.scan(src)
     shown = os.path.basename(shard_path)
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
@@ -114,7 +126,7 @@ def build(shard_path: str) -> ShardIndex:
     wanted = [i for i, rec in enumerate(members) if rec.kind == Kind.FILE and labels.is_label_member(rec.path, rec.size)]
     if wanted:  # only WebDataset-style shards pay for this
         try:
-            cls_member, cls_value = _read_labels(shard_path, fmt, st.st_size, wanted, offsets, sizes)
+            cls_member, cls_value = _read_labels(src, fmt, size, wanted, offsets, sizes)
         except (OSError, ShardFormatError) as exc:
             warnings.append(f"{shown}: cannot read its .cls labels: {exc}")
     dir_ids: dict[bytes, int] = {}
@@ -124,8 +136,9 @@ def build(shard_path: str) -> ShardIndex:
     name_list = [rec.path for rec in members]
     return ShardIndex(
         format=fmt.name,
-        shard_size=st.st_size,
-        shard_mtime_ns=st.st_mtime_ns,
+        shard_size=size,
+        shard_mtime_ns=mtime_ns,
+        shard_tag=tag,
         names=b"".join(name_list),
         name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
         kind=np.array([rec.kind for rec in members], dtype=np.uint8),
@@ -144,15 +157,13 @@ def build(shard_path: str) -> ShardIndex:
     )
 
 
-def _read_labels(shard_path: str, fmt, size: int, wanted: list[int], offsets, sizes):
-    """Labels through the format's layout (tar or lz4), from the local shard file."""
-    layout = fmt.open_layout(shard_path, size)
-    fd = os.open(shard_path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fetch = lambda offset, length: os.pread(fd, length, offset)  # noqa: E731
-        return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, fetch))
-    finally:
-        os.close(fd)
+def _read_labels(src, fmt, size: int, wanted: list[int], offsets, sizes):
+    """Labels through the format's layout (tar or lz4), in data order through forward windows:
+    from a remote object that is 8 MiB ranged reads, not one request per label."""
+    with open_source(src) as source:
+        layout = fmt.open_layout(source, size)
+        window = Window(source)
+        return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, window.get))
 
 
 _ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
@@ -173,6 +184,7 @@ def save(index: ShardIndex, path: str) -> None:
         "format": index.format,
         "shard_size": index.shard_size,
         "shard_mtime_ns": index.shard_mtime_ns,
+        "shard_tag": index.shard_tag,
         "dirs": [_text(d) for d in index.dirs],
         "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
         "warnings": index.warnings,
@@ -189,7 +201,8 @@ class OutdatedIndex(ValueError):
     """Written by another shardfs version: rebuilt, not an error."""
 
 
-def load(path: str) -> ShardIndex:
+def load(path) -> ShardIndex:
+    """From a file name, or a binary file object (an index fetched from beside a remote shard)."""
     with np.load(path, allow_pickle=False) as npz:
         meta = json.loads(npz["meta"].tobytes())
         if meta.get("version") != INDEX_VERSION:
@@ -198,6 +211,7 @@ def load(path: str) -> ShardIndex:
             format=meta["format"],
             shard_size=meta["shard_size"],
             shard_mtime_ns=meta["shard_mtime_ns"],
+            shard_tag=meta.get("shard_tag", ""),
             names=npz["names"].tobytes(),
             dirs=[_bytes(d) for d in meta["dirs"]],
             symlinks={int(i): _bytes(t) for i, t in meta["symlinks"].items()},
@@ -223,39 +237,36 @@ def cache_dir() -> str:
     return fallback
 
 
+def cached_path(key: str, index_dir: str | None = None) -> str:
+    """The index's file in the cache directory, for a shard's real path or URL."""
+    tag = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(index_dir or cache_dir(), f"{os.path.basename(key)}.{tag}{INDEX_SUFFIX}")
+
+
 def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
     """Where an index may live: beside the shard first, then in the cache directory."""
     real = os.path.realpath(shard_path)
-    tag = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    cached = os.path.join(index_dir or cache_dir(), f"{os.path.basename(real)}.{tag}{INDEX_SUFFIX}")
-    return [real + INDEX_SUFFIX, cached]
+    return [real + INDEX_SUFFIX, cached_path(real, index_dir)]
 
 
 def is_current(index: ShardIndex, st: os.stat_result) -> bool:
     return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns
 
 
-def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
-    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved")."""
-    st = os.stat(shard_path)
-    candidates = candidate_paths(shard_path, index_dir)
-    if not rebuild:
-        for path in candidates:
-            try:
-                index = load(path)
-            except FileNotFoundError:
-                continue
-            except OutdatedIndex as exc:
-                log.info("index %s: %s; rebuilding", path, exc)
-                continue
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-                log.warning("ignoring unreadable index %s: %s", path, exc)
-                continue
-            if is_current(index, st):
-                index.stored_at = path
-                return index, "loaded"
-            log.info("index %s is stale (shard changed); rebuilding", path)
-    index = build(shard_path)
+def _try_load(path, shown: str | None = None) -> ShardIndex | None:
+    try:
+        return load(path)
+    except FileNotFoundError:
+        return None
+    except OutdatedIndex as exc:
+        log.info("index %s: %s; rebuilding", shown or path, exc)
+        return None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        log.warning("ignoring unreadable index %s: %s", shown or path, exc)
+        return None
+
+
+def _save_first(index: ShardIndex, candidates: list[str], shard_path: str) -> tuple[ShardIndex, str]:
     for path in candidates:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -266,3 +277,60 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
             continue
     log.warning("%s: could not save its index anywhere (%s)", shard_path, ", ".join(candidates))
     return index, "built, not saved"
+
+
+def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
+    """A remote shard's index: from the local cache (keyed by URL), else from beside the object
+    (``URL.shardfs-idx``, copied into the cache), else built by streaming the object once.
+    Valid while the object's size and ETag (or Last-Modified) are those it was built from."""
+    from . import remote
+
+    obj = remote.known_info(url)
+    cached = cached_path(url, index_dir)
+    if not rebuild:
+        index = _try_load(cached)
+        if index is not None and (index.shard_size, index.shard_tag) == (obj.size, obj.tag):
+            index.stored_at = cached
+            return index, "loaded"
+        if index is not None:
+            log.info("index %s is stale (%s changed); rebuilding", cached, url)
+        beside = url + INDEX_SUFFIX
+        data = None
+        if remote.may_exist(beside):
+            try:
+                data = remote.read_whole(beside)
+            except remote.RemoteError as exc:
+                log.warning("cannot fetch %s (%s): building the index instead", beside, exc)
+        index = _try_load(io.BytesIO(data), beside) if data else None
+        # An index written by `shardfs index`/`pack` and uploaded with the shard knows the
+        # local file's size and mtime, not the object's tag: its size must match.
+        if index is not None and index.shard_size == obj.size and index.shard_tag in ("", obj.tag):
+            index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
+            try:
+                os.makedirs(os.path.dirname(cached), exist_ok=True)
+                save(index, cached)
+                index.stored_at = cached
+            except OSError as exc:
+                log.warning("cannot keep %s in %s: %s", beside, cached, exc)
+            return index, "loaded"
+        if index is not None:
+            log.info("index %s does not match %s (size or tag differ); building one", beside, url)
+    return _save_first(build(url, obj), [cached], url)
+
+
+def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
+    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved")."""
+    if is_url(shard_path):
+        return load_or_build_remote(shard_path, index_dir, rebuild)
+    st = os.stat(shard_path)
+    candidates = candidate_paths(shard_path, index_dir)
+    if not rebuild:
+        for path in candidates:
+            index = _try_load(path)
+            if index is None:
+                continue
+            if is_current(index, st):
+                index.stored_at = path
+                return index, "loaded"
+            log.info("index %s is stale (shard changed); rebuilding", path)
+    return _save_first(build(shard_path), candidates, shard_path)

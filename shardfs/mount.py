@@ -14,7 +14,7 @@ import sys
 import time
 
 from . import index as shard_index
-from .config import MountConfig, to_args
+from .config import MountConfig, storage_env, to_args
 from .errors import UsageError
 from .fuselib import check_can_mount
 from .sources import find_shards
@@ -77,7 +77,7 @@ def mount_detached(cfg: MountConfig) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
     read_end, write_end = os.pipe()
     cmd = [sys.executable, "-m", "shardfs", "mount", *to_args(cfg), "--foreground", "--ready-fd", str(write_end)]
-    child = subprocess.Popen(cmd, pass_fds=(write_end,), start_new_session=True,
+    child = subprocess.Popen(cmd, pass_fds=(write_end,), start_new_session=True, env=storage_env(cfg),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as ready:
@@ -127,6 +127,17 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a child process we started: SIGTERM, then SIGKILL after ``grace`` seconds; reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def force_unmount(mountpoint: str) -> None:

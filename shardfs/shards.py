@@ -9,7 +9,7 @@ import os
 import threading
 
 from .formats import format_for
-from .formats.base import DataLayout, ShardFormatError
+from .formats.base import DataLayout, ShardFormatError, Source, SourceUnavailable
 
 log = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
@@ -20,6 +20,10 @@ class ShardIOError(Exception):
 
 
 class Shard:
+    """A local shard file. (shardfs.remote.RemoteShard: one in object storage or on an HTTP server.)"""
+
+    remote = False
+
     def __init__(self, path: str, size: int, mtime_ns: int):
         self.path, self.size, self.mtime_ns = path, size, mtime_ns
         self.name = os.path.basename(path)
@@ -144,11 +148,18 @@ class Shard:
             except OSError:
                 pass
 
+    def _source(self) -> Source:
+        return self.path
+
     def layout(self) -> DataLayout:
         if self._layout is None:
             fmt = format_for(self.path)
             try:
-                self._layout = fmt.open_layout(self.path, self.size)
+                self._layout = fmt.open_layout(self._source(), self.size)
+            except SourceUnavailable as exc:
+                if exc.permanent:
+                    raise self._fail(f"cannot read its tables: {exc}") from None
+                raise self._io_error(0, exc.error) from None
             except (OSError, ShardFormatError) as exc:
                 raise self._fail(f"cannot read its tables: {exc}") from None
         return self._layout

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import needs_fuse, shardfs_cmd
+from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
 from shardfs import index as shard_index
 from shardfs import labels, layouts, sample
 from shardfs.config import MountConfig, apply_options, check, parse_config, to_args
@@ -108,6 +109,20 @@ def test_imagefolder_layout_matches_webdataset_reader(wds_shards, mount):
     assert ds.classes == classes and view == reference
     assert "left out" not in m.log()
     same_pixels(loader_pixels(ds), wds_pixels(urls))
+
+
+@needs_fuse
+def test_imagefolder_layout_of_shards_on_s3(wds_shards, bucket, moto_endpoint, mount):
+    """The labels of remote shards are read at index build through the scan's 8 MiB windows."""
+    out, names_file, classes = wds_shards
+    reference = wds_reference(sorted(out.glob("*.tar")))
+    url = bucket.upload_dir(out, prefix="wds/")
+    m = mount(url, options=("--option", f"endpoint_url={moto_endpoint}", "--layout", "imagefolder",
+                            "--class-names", str(names_file)))
+    ds, view = imagefolder_view(m.path)
+    assert ds.classes == classes and view == reference
+    requests = m.stats()["remote"]["requests"]
+    assert 0 < requests < 40, requests  # 5 small shards: a listing, then a few requests each
 
 
 @needs_fuse

@@ -47,7 +47,7 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 from shardfs.cache import parse_size  # noqa: E402
-from shardfs.mount import process_alive as pid_alive  # noqa: E402
+from shardfs.mount import process_alive as pid_alive, stop_child  # noqa: E402
 
 MARKER_VERSION = 3
 TARGET_JPEG_BYTES = 110_000  # ImageNet train mean
@@ -441,12 +441,7 @@ class Mount:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                stop_child(self.proc)
         elif self.pid:  # the shardfs daemon our `shardfs mount` started (pid from its own xattr)
             while pid_alive(self.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -462,12 +457,7 @@ def wait_mounted(mnt: str, proc: subprocess.Popen, timeout: float, log: str) -> 
         if proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {proc.returncode} before mounting (log {log})")
         if time.monotonic() > deadline:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc)
             raise RuntimeError(f"not mounted after {timeout:.0f} s (log {log})")
         time.sleep(0.01)
 

@@ -3,21 +3,26 @@
 A format has two jobs, kept apart so that the index can be persisted and the
 read path stays cheap:
 
-* ``scan(path)`` lists the members once (at index build time).
-* ``open_layout(path, size)`` returns a :class:`DataLayout` that turns a range of
+* ``scan(src)`` lists the members once (at index build time).
+* ``open_layout(src, size)`` returns a :class:`DataLayout` that turns a range of
   the shard's *logical data stream* into bytes, given a ``fetch(offset, length)``
   function that reads raw shard bytes (through the RAM cache).
 
 For tar the logical stream is the file itself; for the lz4 format it is the
 concatenation of all uncompressed blocks. Member offsets in the index always
 point into the logical stream.
+
+``src`` is a local path or a :class:`ByteSource` (a remote object, see shardfs.remote):
+formats read through ``pread`` only, so they need not know where the bytes come from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import os
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol, Union
 
 Fetch = Callable[[int, int], bytes]
 
@@ -42,6 +47,15 @@ class MemberRecord:
 
 class ShardFormatError(Exception):
     """The shard is damaged or not of the format it claims; the message says where."""
+
+
+class SourceUnavailable(Exception):
+    """The shard's bytes could not be read at all (a remote object gone, changed or unreachable):
+    not damage, so nothing about the shard is recorded from a scan this stopped."""
+
+    def __init__(self, error: OSError, permanent: bool):
+        super().__init__(str(error))
+        self.error, self.permanent = error, permanent
 
 
 @dataclass(slots=True)
@@ -73,10 +87,78 @@ class IdentityLayout:
         return offset, length
 
 
+class ByteSource(Protocol):
+    """Positional reads of one shard's bytes, wherever it is stored."""
+
+    size: int
+    window: int  # how much a sequential scan should read at once (larger for remote objects)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer only at the end); OSError on failure."""
+        ...
+
+
+class FileSource:
+    """A local shard file as a ByteSource."""
+
+    window = 64 * 1024
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self.fd).st_size
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def close(self) -> None:
+        # Read once to build an index: do not let those bytes crowd the page cache.
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(self.fd)
+
+
+Source = Union[str, ByteSource]
+
+
+class Window:
+    """Reads a shard forward in windows (64 KiB from a local file, 8 MiB from a remote object)
+    so that consecutive small reads (tar headers, labels) cost one syscall or one request."""
+
+    def __init__(self, src: ByteSource):
+        self.src = src
+        self.start, self.buf = 0, b""
+
+    def get(self, pos: int, n: int) -> bytes:
+        off = pos - self.start
+        if off < 0 or off + n > len(self.buf):
+            try:
+                self.start, self.buf = pos, self.src.pread(pos, max(n, self.src.window))
+            except OSError:
+                # The window may reach into a bad spot of a member's data: read just what we need.
+                try:
+                    self.start, self.buf = pos, self.src.pread(pos, n)
+                except OSError as exc:
+                    raise ShardFormatError(f"read error at offset {pos}: {exc.strerror}") from None
+            off = 0
+        return self.buf[off : off + n]
+
+
+@contextlib.contextmanager
+def open_source(src: Source) -> Iterator[ByteSource]:
+    """A ByteSource for a path (opened and closed here) or the ByteSource given."""
+    if not isinstance(src, str):
+        yield src
+        return
+    source = FileSource(src)
+    try:
+        yield source
+    finally:
+        source.close()
+
+
 class ShardFormat(Protocol):
     name: str
     suffixes: tuple[str, ...]
 
-    def scan(self, path: str) -> ScanResult: ...
+    def scan(self, src: Source) -> ScanResult: ...
 
-    def open_layout(self, path: str, size: int) -> DataLayout: ...
+    def open_layout(self, src: Source, size: int) -> DataLayout: ...

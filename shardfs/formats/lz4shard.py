@@ -31,7 +31,7 @@ from typing import BinaryIO
 import lz4.block
 import numpy as np
 
-from shardfs.formats.base import Fetch, Kind, MemberRecord, ScanResult, ShardFormatError
+from shardfs.formats.base import ByteSource, Fetch, Kind, MemberRecord, ScanResult, ShardFormatError, Source, open_source
 
 SUFFIX = ".lz4shard"
 MAGIC = b"LZ4SHARD"  # header, offset 0
@@ -248,9 +248,11 @@ class _Index:
     mt_crc: int
 
 
-def _read_at(f: BinaryIO, offset: int, length: int) -> bytes:
-    f.seek(offset)
-    data = f.read(length)
+def _read_at(f: ByteSource, offset: int, length: int) -> bytes:
+    try:
+        data = f.pread(offset, length)
+    except OSError as exc:
+        raise ShardFormatError(f"read error at offset {offset}: {exc.strerror or exc}") from None
     if len(data) != length:
         raise ShardFormatError(f"truncated (wanted {length} bytes at {offset}, got {len(data)})")
     return data
@@ -261,7 +263,7 @@ def _first_bad(what: str, bad: np.ndarray, why: str) -> None:
         raise ShardFormatError(f"{what} {int(np.flatnonzero(bad)[0])}: {why}")
 
 
-def _load_index(f: BinaryIO, file_size: int) -> _Index:
+def _load_index(f: ByteSource, file_size: int) -> _Index:
     """Validate header, footer and block table; never touches the data blocks."""
     if file_size < HEADER_SIZE + FOOTER_SIZE:
         raise ShardFormatError(f"too small ({file_size} bytes) to be an lz4shard")
@@ -332,7 +334,7 @@ def _check_blocks(blocks: np.ndarray, bs: int, logical: int, bt_off: int) -> Non
         raise ShardFormatError(f"data blocks end at {int(ends[-1])}, block table starts at {bt_off}")
 
 
-def _load_members(f: BinaryIO, idx: _Index) -> list[MemberRecord]:
+def _load_members(f: ByteSource, idx: _Index) -> list[MemberRecord]:
     tables = _read_at(f, idx.mt_off, idx.str_off + idx.str_size - idx.mt_off)
     if zlib.crc32(tables) != idx.mt_crc:
         raise ShardFormatError("member table checksum mismatch")
@@ -472,7 +474,7 @@ class Lz4ShardFormat:
     name = "lz4"
     suffixes = (SUFFIX,)
 
-    def scan(self, path: str) -> ScanResult:
+    def scan(self, src: Source) -> ScanResult:
         """Members from the footer and tables; the data blocks are never read.
 
         Like the tar format, damage is reported in ``ScanResult.error`` rather
@@ -480,23 +482,21 @@ class Lz4ShardFormat:
         The tables are checksummed as a unit, so a damaged shard has no members.
         """
         try:
-            return ScanResult(members=self.read_members(path), warnings=[])
+            return ScanResult(members=self.read_members(src), warnings=[])
         except ShardFormatError as exc:
             return ScanResult(members=[], warnings=[], error=str(exc))
 
-    def read_members(self, path: str) -> list[MemberRecord]:
+    def read_members(self, src: Source) -> list[MemberRecord]:
         """The strict form of scan(): raises ShardFormatError on any damage."""
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            idx = _load_index(f, size)
+        with open_source(src) as f:
+            idx = _load_index(f, f.size)
             return _load_members(f, idx)
 
-    def open_layout(self, path: str, size: int) -> Lz4Layout:
+    def open_layout(self, src: Source, size: int) -> Lz4Layout:
         """``size`` is the shard's file size as recorded at scan time; a changed file is refused."""
-        with open(path, "rb") as f:
-            actual = os.fstat(f.fileno()).st_size
-            if actual != size:
-                raise ShardFormatError(f"file is {actual} bytes, expected {size} (shard changed?)")
+        with open_source(src) as f:
+            if f.size != size:
+                raise ShardFormatError(f"file is {f.size} bytes, expected {size} (shard changed?)")
             idx = _load_index(f, size)
         return Lz4Layout(idx.block_size, idx.logical_size, idx.blocks)
 

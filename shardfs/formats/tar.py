@@ -9,39 +9,14 @@ numbers) and PAX (path, linkpath, size, mtime; global headers).
 
 from __future__ import annotations
 
-import os
-
-from .base import IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError
+from .base import IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window, open_source
 
 BLOCK = 512
-WINDOW = 64 * 1024
 MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record larger than this is hostile
 
 _REGULAR = {b"0", b"\0", b"7"}
 _SKIPPED = {b"3": "character device", b"4": "block device", b"6": "fifo", b"S": "GNU sparse file"}
 _IGNORED = {b"V", b"D", b"M", b"N"}  # GNU volume labels, dumpdirs, multi-volume parts
-
-
-class _Window:
-    """Reads a file in 64 KiB windows so that consecutive small headers cost one syscall."""
-
-    def __init__(self, fd: int, size: int):
-        self.fd, self.size = fd, size
-        self.start, self.buf = 0, b""
-
-    def get(self, pos: int, n: int) -> bytes:
-        off = pos - self.start
-        if off < 0 or off + n > len(self.buf):
-            try:
-                self.start, self.buf = pos, os.pread(self.fd, max(n, WINDOW), pos)
-            except OSError:
-                # The window may reach into a bad spot of a member's data: read just what we need.
-                try:
-                    self.start, self.buf = pos, os.pread(self.fd, n, pos)
-                except OSError as exc:
-                    raise ShardFormatError(f"read error at offset {pos}: {exc.strerror}") from None
-            off = 0
-        return self.buf[off : off + n]
 
 
 def _number(field: bytes) -> int:
@@ -100,25 +75,19 @@ class TarFormat:
     name = "tar"
     suffixes = (".tar",)
 
-    def open_layout(self, path: str, size: int) -> IdentityLayout:
+    def open_layout(self, src: Source, size: int) -> IdentityLayout:
         return IdentityLayout()
 
-    def scan(self, path: str) -> ScanResult:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
+    def scan(self, src: Source) -> ScanResult:
+        with open_source(src) as source:
             result = ScanResult(members=[], warnings=[])
             try:
-                self._scan(_Window(fd, size), size, result)
+                self._scan(Window(source), source.size, result)
             except ShardFormatError as exc:
                 result.error = str(exc)
-            # Headers were read once, to build the index: do not let them crowd the page cache.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             return result
-        finally:
-            os.close(fd)
 
-    def _scan(self, win: _Window, size: int, result: ScanResult) -> None:
+    def _scan(self, win: Window, size: int, result: ScanResult) -> None:
         pos = 0
         pax_global: dict[bytes, bytes] = {}
         pax: dict[bytes, bytes] = {}
