@@ -23,6 +23,10 @@ Run as root (drop_caches needs it; otherwise "cold" figures are not cold and the
 
     python3 tools/bench.py --images 2000 --epochs 1        # quick look (~3 min)
     python3 tools/bench.py --json /tmp/bench.json          # default size (~20k images, 2.2 GB; ~1 h)
+
+On a VM with free page reporting (the CI machine kind), add --free-page-reporting off: otherwise the
+host's page faults on fresh guest memory are charged to whoever touches it, which is the FUSE daemon
+and not the disk's DMA (see stop_free_page_reporting).
 """
 
 from __future__ import annotations
