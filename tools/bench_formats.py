@@ -37,12 +37,10 @@ import glob
 import hashlib
 import io
 import json
-import multiprocessing as mp
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -314,58 +312,10 @@ def pack_rows(label: str, res: dict, workers: int) -> list[tuple[str, str, str]]
 # Part 2: reads through a mount
 # ---------------------------------------------------------------------------------------------
 
-_PATHS: list[str] | None = None  # set before forking the readers
-
-
-def _reader(root: str, start: int, end: int, barrier, results) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):  # die quietly; the parent cleans up
-        signal.signal(sig, signal.SIG_DFL)
-    paths = [os.path.join(root, p) for p in _PATHS[start:end]]
-    nbytes = errors = 0
-    first_error = None
-    barrier.wait()
-    t0 = time.monotonic()
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                while b := os.read(fd, 1 << 20):
-                    nbytes += len(b)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            errors += 1
-            first_error = first_error or f"{p}: {exc}"
-    results.put((t0, time.monotonic(), end - start, nbytes, errors, first_error))
-
-
 def read_all(root: str, rels: list[str], expected: int, readers: int, seed: int) -> dict:
     """Every file of ``rels`` read once in a random order by ``readers`` processes."""
-    global _PATHS
-    dist = bs.Disturbance()
-    _PATHS = [rels[int(k)] for k in np.random.default_rng(seed).permutation(len(rels))]
-    ctx = mp.get_context("fork")
-    barrier, results = ctx.Barrier(readers + 1), ctx.Queue()
-    bounds = np.linspace(0, len(rels), readers + 1).astype(int)
-    procs = [ctx.Process(target=_reader, args=(root, int(bounds[i]), int(bounds[i + 1]), barrier, results))
-             for i in range(readers)]
-    for p in procs:
-        p.start()
-    try:
-        barrier.wait(timeout=600)
-        got = [results.get() for _ in procs]
-    finally:
-        for p in procs:
-            p.join()
-        _PATHS = None
-    seconds = max(g[1] for g in got) - min(g[0] for g in got)  # first reader's start to last reader's end
-    files, nbytes, errors = sum(g[2] for g in got), sum(g[3] for g in got), sum(g[4] for g in got)
-    out = {"seconds": seconds, "files": files, "bytes": nbytes, "files_per_s": files / seconds,
-           "mb_per_s": mbs(nbytes, seconds), "errors": errors, "bytes_ok": nbytes == expected,
-           "first_error": next((g[5] for g in got if g[5]), None), "disturbance": dist.done()}
-    if errors or nbytes != expected:
-        log(f"  WARNING: {errors} errors, {nbytes} bytes read, {expected} expected; first error: {out['first_error']}")
-    return out
+    order = np.random.default_rng(seed).permutation(len(rels))
+    return bs.read_paths(root, [rels[int(k)] for k in order], expected, readers)
 
 
 def check_npy(mnt: str, src: str, rels: list[str], side: int, sample: int, seed: int) -> dict:
@@ -712,16 +662,9 @@ def main() -> int:
                   f"timed figures are medians of {a.repeat} runs; MB = 10^6 bytes; page cache "
                   + ("dropped before cold figures and mount timings" if can_drop else "NEVER dropped (cold = not cold)")
                   + f"; total {R['total_s'] / 60:.1f} min\n")
-            print("| figure | value | notes |\n|---|---:|---|")
-            for name, value, note in rows:
-                print(f"| {name} | {value} | {note} |")
-            print(flush=True)
+            bs.print_rows(rows)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted (mounts were unmounted)", file=sys.stderr)
-        sys.exit(130)
+    bs.run_main(main)

@@ -451,13 +451,19 @@ def _reader(root: str, start: int, end: int, barrier, results) -> None:
 
 
 def read_all(root: str, lay: Layout, readers: int, seed: int) -> dict:
+    order = np.random.default_rng(seed).permutation(lay.files)
+    return read_paths(root, [lay.name(int(k)) for k in order], lay.total_bytes(), readers)
+
+
+def read_paths(root: str, rels: list[str], expected: int, readers: int) -> dict:
+    """Every file of ``rels`` (relative to root) read once in that order, split among ``readers``
+    processes; ``expected``: the bytes they should give."""
     global _READ_PATHS
     dist = Disturbance()
-    order = np.random.default_rng(seed).permutation(lay.files)
-    _READ_PATHS = [lay.name(int(k)) for k in order]
+    _READ_PATHS = rels
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(readers + 1), ctx.Queue()
-    bounds = np.linspace(0, lay.files, readers + 1).astype(int)
+    bounds = np.linspace(0, len(rels), readers + 1).astype(int)
     procs = [ctx.Process(target=_reader, args=(root, int(bounds[i]), int(bounds[i + 1]), barrier, results))
              for i in range(readers)]
     for p in procs:
@@ -477,11 +483,11 @@ def read_all(root: str, lay: Layout, readers: int, seed: int) -> dict:
     seconds = end - start
     out = {"seconds": seconds, "files": files, "files_per_s": files / seconds, "mb_per_s": nbytes / seconds / 1e6,
            "bytes": nbytes, "errors": errors, "first_error": next((g[5] for g in got if g[5]), None),
-           "bytes_ok": nbytes == lay.total_bytes(), "disturbance": dist.done()}
+           "bytes_ok": nbytes == expected, "disturbance": dist.done()}
     if out["disturbance"]["foreign_drops"]:
         log(f"  WARNING: {out['disturbance']['foreign_drops']} page-cache drops by other processes during this pass")
     if errors or not out["bytes_ok"]:
-        log(f"  WARNING: {errors} errors, {nbytes} bytes read, {lay.total_bytes()} expected; "
+        log(f"  WARNING: {errors} errors, {nbytes} bytes read, {expected} expected; "
             f"first error: {out['first_error']}")
     return out
 
@@ -871,19 +877,29 @@ def main() -> int:
           f"{mach['cpu']}, kernel {mach['kernel']}, Python {mach['python']}  \n"
           f"timed figures are medians of {args.repeat} runs (read passes: {args.read_repeat}); "
           f"mount times are the wall time of `shardfs mount` (CLI start to mount answering)\n")
-    print("| figure | value | notes |\n|---|---:|---|")
-    for name_, value, note in rows:
-        print(f"| {name_} | {value} | {note} |")
-    print(flush=True)
+    print_rows(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(R, f, indent=1, default=str)
     return 0
 
 
-if __name__ == "__main__":
+def print_rows(rows) -> None:
+    """The results table (figure, value, notes) as Markdown."""
+    print("| figure | value | notes |\n|---|---:|---|")
+    for name, value, note in rows:
+        print(f"| {name} | {value} | {note} |")
+    print(flush=True)
+
+
+def run_main(main) -> None:
+    """Exit with main()'s status; Ctrl-C ends with 130 (mounts are unmounted by main's finally)."""
     try:
         sys.exit(main())
     except KeyboardInterrupt:
         print("interrupted (mounts were unmounted)", file=sys.stderr)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_main(main)
