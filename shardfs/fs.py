@@ -75,7 +75,8 @@ class PlusFUSE(fuse.FUSE):
     def read(self, path, buf, size, offset, fip) -> int:
         # As mfusepy's, but a memoryview of the RAM cache is copied straight into libfuse's
         # buffer: no bytes object in between (one copy of every byte served saved).
-        data = self.operations.read(path.decode(self.encoding, self.errors), size, offset, None)
+        data = self.operations.read(None if path is None else path.decode(self.encoding, self.errors), size,
+                                    offset, None)
         n = len(data)
         if n > size:
             raise RuntimeError(f"read returned {n} bytes, more than the {size} asked for")
