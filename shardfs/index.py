@@ -108,7 +108,8 @@ def build(shard_path: str, obj=None) -> ShardIndex:
             if target is None or target.kind == Kind.DIR:
                 warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
                 continue
-            rec.kind, rec.offset, rec.size, rec.link = target.kind, target.offset, target.size, target.link
+            rec.kind, rec.offset, rec.size, rec.link, rec.small = (target.kind, target.offset, target.size, target.link,
+                                                                   target.small)
         if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
             rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
         if rec.kind == Kind.SYMLINK:
@@ -126,7 +127,7 @@ def build(shard_path: str, obj=None) -> ShardIndex:
     wanted = [i for i, rec in enumerate(members) if rec.kind == Kind.FILE and labels.is_label_member(rec.path, rec.size)]
     if wanted:  # only WebDataset-style shards pay for this
         try:
-            cls_member, cls_value = _read_labels(src, fmt, size, wanted, offsets, sizes)
+            cls_member, cls_value = _read_labels(src, fmt, size, members, wanted, offsets, sizes)
         except (OSError, ShardFormatError) as exc:
             warnings.append(f"{shown}: cannot read its .cls labels: {exc}")
     dir_ids: dict[bytes, int] = {}
@@ -157,9 +158,12 @@ def build(shard_path: str, obj=None) -> ShardIndex:
     )
 
 
-def _read_labels(src, fmt, size: int, wanted: list[int], offsets, sizes):
-    """Labels through the format's layout (tar or lz4), in data order through forward windows:
-    from a remote object that is 8 MiB ranged reads, not one request per label."""
+def _read_labels(src, fmt, size: int, members: list, wanted: list[int], offsets, sizes):
+    """Labels as the scan kept them with their headers (tar: no second pass over the shard);
+    else read through the format's layout (lz4: whole blocks), in data order through forward
+    windows: from a remote object that is 8 MiB ranged reads, not one request per label."""
+    if all(members[i].small is not None for i in wanted):
+        return labels.from_bytes(wanted, [members[i].small for i in wanted])
     with open_source(src) as source:
         layout = fmt.open_layout(source, size)
         window = Window(source)
@@ -266,17 +270,19 @@ def _try_load(path, shown: str | None = None) -> ShardIndex | None:
         return None
 
 
-def _save_first(index: ShardIndex, candidates: list[str], shard_path: str) -> tuple[ShardIndex, str]:
+def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
+                how: str = "built") -> tuple[ShardIndex, str]:
+    """Save in the first candidate place that takes it; ``how`` the index was obtained."""
     for path in candidates:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save(index, path)
             index.stored_at = path
-            return index, "built"
+            return index, how
         except OSError:
             continue
     log.warning("%s: could not save its index anywhere (%s)", shard_path, ", ".join(candidates))
-    return index, "built, not saved"
+    return index, f"{how}, not saved"
 
 
 def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
@@ -306,13 +312,7 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
         # local file's size and mtime, not the object's tag: its size must match.
         if index is not None and index.shard_size == obj.size and index.shard_tag in ("", obj.tag):
             index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
-            try:
-                os.makedirs(os.path.dirname(cached), exist_ok=True)
-                save(index, cached)
-                index.stored_at = cached
-            except OSError as exc:
-                log.warning("cannot keep %s in %s: %s", beside, cached, exc)
-            return index, "loaded"
+            return _save_first(index, [cached], url, how="loaded")
         if index is not None:
             log.info("index %s does not match %s (size or tag differ); building one", beside, url)
     return _save_first(build(url, obj), [cached], url)

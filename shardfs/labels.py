@@ -13,7 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-MAX_LABEL_BYTES = 32  # a larger .cls member is not a label: left unread, the sample reported
+from .formats.base import SMALL_DATA
+
+MAX_LABEL_BYTES = SMALL_DATA  # a larger .cls member is not a label: left unread, the sample reported
 UNPARSABLE = np.iinfo(np.int64).min  # cls_value of a member whose bytes are not an integer
 _INT = re.compile(rb"\s*[+-]?\d{1,18}\s*")
 
@@ -36,6 +38,11 @@ def read_labels(members: list[int], offsets: np.ndarray, sizes: np.ndarray, read
     values = np.array([parse(read(int(offsets[m]), int(sizes[m]))) for m in chosen], dtype=np.int64)
     order = np.argsort(chosen, kind="stable")
     return chosen[order], values[order]
+
+
+def from_bytes(members: list[int], raws: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(cls_member, cls_value) from labels the scan already read, ``members`` in ascending order."""
+    return np.array(members, dtype=np.int32), np.array([parse(raw) for raw in raws], dtype=np.int64)
 
 
 def no_labels() -> tuple[np.ndarray, np.ndarray]:

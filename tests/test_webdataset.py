@@ -283,6 +283,23 @@ def test_an_index_of_the_previous_version_is_rebuilt(tmp_path, monkeypatch, capl
     assert shard_index.load_or_build(shard)[1] == "loaded"
 
 
+def test_tar_labels_come_with_the_scan_not_a_second_pass(tmp_path, monkeypatch):
+    """The scan keeps each tiny member's data it read anyway: no read per label afterwards."""
+    from shardfs.formats.tar import TarFormat
+
+    shard = str(tmp_path / "s.tar")
+    write_tar(shard, [item for i in range(30) for item in ((f"k{i}.jpg", os.urandom(5000)), (f"k{i}.cls", b"%d" % i))]
+              + [("last.cls", b"9")])
+
+    def fail(*_a, **_k):
+        raise AssertionError("the shard was read again for its labels")
+
+    monkeypatch.setattr(TarFormat, "open_layout", fail)
+    ix = shard_index.build(shard)
+    assert {ix.name(int(m)): int(v) for m, v in zip(ix.cls_member, ix.cls_value)} == {
+        **{f"k{i}.cls".encode(): i for i in range(30)}, b"last.cls": 9}
+
+
 def test_lz4_labels_are_read_through_the_layout(tmp_path):
     from shardfs.formats.lz4shard import Lz4ShardWriter
 

@@ -43,6 +43,10 @@ class MemberRecord:
     mode: int  # permission bits only (0o7777)
     mtime: float
     link: bytes = b""  # symlink target, or hard link target path
+    small: bytes | None = None  # the data, when the scan read it anyway (tiny members: labels)
+
+
+SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
 
 
 class ShardFormatError(Exception):

@@ -9,7 +9,8 @@ numbers) and PAX (path, linkpath, size, mtime; global headers).
 
 from __future__ import annotations
 
-from .base import IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window, open_source
+from .base import (SMALL_DATA, IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window,
+                   open_source)
 
 BLOCK = 512
 MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record larger than this is hostile
@@ -151,7 +152,9 @@ class TarFormat:
                         f"truncated: member {name.decode('utf-8', 'backslashreplace')} needs "
                         f"{data_at + data_size} bytes, the shard has {size}"
                     )
-                result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime))
+                # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
+                small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
+                result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime, small=small))
             elif typeflag == b"5":
                 result.members.append(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
             elif typeflag == b"2":
