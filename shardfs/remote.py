@@ -34,7 +34,6 @@ from .errors import UsageError
 from .formats import format_for, suffixes
 from .formats.base import SourceUnavailable
 from .shards import Shard, ShardIOError
-from .sources import is_url  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -482,26 +481,16 @@ def read_whole(url: str) -> bytes | None:
 
 # ---- sources: URLs, brace ranges, prefixes --------------------------------------------
 
-_BRACE = re.compile(r"\{([^{}]*)\}")
-
 
 def expand_braces(url: str) -> list[str]:
-    """WebDataset's brace notation: ``train-{000000..000146}.tar``, ``{a,b}``; nested and repeated."""
-    match = _BRACE.search(url)
-    if not match:
-        return [url]
-    body = match.group(1)
-    numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if numeric:
-        first, last = numeric.groups()
-        width = len(first) if first.startswith("0") or len(first) == len(last) else 0
-        step = 1 if int(last) >= int(first) else -1
-        items = [str(i).zfill(width) for i in range(int(first), int(last) + step, step)]
-    elif "," in body:
-        items = body.split(",")
-    else:
-        raise UsageError(f"{redact(url)}: cannot expand {{{body}}} (expected {{000..146}} or {{a,b}})")
-    return [out for item in items for out in expand_braces(url[: match.start()] + item + url[match.end():])]
+    """WebDataset's brace notation (``train-{000000..000146}.tar``, ``{a,b}``), expanded by the
+    library WebDataset itself uses, so a URL names the same shards for both."""
+    from braceexpand import braceexpand
+
+    urls = list(braceexpand(url))
+    if any("{" in u or "}" in u for u in urls):  # braceexpand leaves what it cannot expand
+        raise UsageError(f"{redact(url)}: cannot expand its braces (expected {{000..146}} or {{a,b}})")
+    return urls
 
 
 _known: dict[str, ObjectInfo] = {}  # what the last listing said of each object
@@ -530,7 +519,7 @@ def find_objects(src: str) -> list[ObjectInfo]:
     """Shard objects named by one remote SRC: a prefix (``s3://b/p/``), a glob, a brace pattern, one URL."""
     shown = redact(src)
     try:
-        if _BRACE.search(src):
+        if "{" in src:
             urls = expand_braces(src)
             bad = [u for u in urls if format_for(u) is None]
             if bad:
