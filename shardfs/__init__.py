@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 
 def mounted(*args, **kwargs):
-    """``with shardfs.mounted(src, mountpoint=None, **options) as root:`` (see shardfs.api)."""
-    from .api import mounted as _mounted
+    """``with shardfs.mounted(src, mountpoint=None, **options) as root:`` (see shardfs.service.api)."""
+    from shardfs.service.api import mounted as _mounted
 
     return _mounted(*args, **kwargs)

@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from . import __version__
-from .errors import UsageError
+from shardfs import __version__
+from shardfs.errors import UsageError
 
 log = logging.getLogger("shardfs")
 
@@ -20,7 +20,7 @@ def _setup_logging(level: str, log_file: str | None = None, journal: bool = Fals
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    from .remote import RedactingFilter
+    from shardfs.storage.remote import RedactingFilter
 
     stream = logging.StreamHandler(sys.stderr)
     stream.addFilter(RedactingFilter())
@@ -47,7 +47,7 @@ class _JournalFormatter(logging.Formatter):
 
 def _mount_config(args):
     """One MountConfig from --config FILE and/or the command line (the command line wins)."""
-    from .config import MountConfig, load_config
+    from shardfs.service.config import MountConfig, load_config
 
     if args.config:
         if args.paths:
@@ -61,7 +61,7 @@ def _mount_config(args):
 
 
 def _apply_command_line(cfg, args):
-    from .config import apply_options, check
+    from shardfs.service.config import apply_options, check
 
     for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level", "layout",
                 "class_names"):
@@ -69,7 +69,7 @@ def _apply_command_line(cfg, args):
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
         cfg.auto_unmount = False
-    from .remote import configure, options_from_env, parse_option
+    from shardfs.storage.remote import configure, options_from_env, parse_option
 
     # From a `shardfs mount` or `shardfs run` that started us (never on our command line).
     cfg.storage_options = {**options_from_env(), **cfg.storage_options}
@@ -81,20 +81,20 @@ def _apply_command_line(cfg, args):
 
 
 def _configure_remote(args) -> None:
-    from .remote import configure, options_from_env, parse_option
+    from shardfs.storage.remote import configure, options_from_env, parse_option
 
     configure({**options_from_env(), **dict(parse_option(text) for text in args.option or [])})
 
 
 def cmd_mount(args) -> int:
-    from . import mount
+    from shardfs.service import mount
 
     cfg = _mount_config(args)
     if not args.foreground:
         return mount.mount_detached(cfg)
 
-    from .daemon import serve
-    from .fuselib import check_can_mount
+    from shardfs.service.daemon import serve
+    from shardfs.fuse.lib import check_can_mount
 
     _setup_logging(cfg.log_level, cfg.log_file, journal=args.ready_fd is None and "INVOCATION_ID" in os.environ)
     if args.ready_fd is not None:  # started by a detaching `shardfs mount`: its terminal sees problems only
@@ -119,12 +119,12 @@ def cmd_mount(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .api import MountError
-    from .runner import run
+    from shardfs.service.api import MountError
+    from shardfs.service.runner import run
 
     if not args.command:
         raise UsageError("give the command after --: shardfs run SRC [MOUNTPOINT] -- COMMAND [ARG...]")
-    from .config import MountConfig
+    from shardfs.service.config import MountConfig
 
     sources, mountpoint = (args.paths, None) if len(args.paths) == 1 else (args.paths[:-1], args.paths[-1])
     cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
@@ -143,7 +143,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .status import collect, render
+    from shardfs.service.status import collect, render
 
     rows = collect(args.mountpoint)
     if args.mountpoint and not rows:
@@ -153,7 +153,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_umount(args) -> int:
-    from .mount import unmount
+    from shardfs.service.mount import unmount
 
     return unmount(args.mountpoint, lazy=args.lazy)
 
@@ -161,8 +161,8 @@ def cmd_umount(args) -> int:
 def cmd_index(args) -> int:
     from tqdm import tqdm
 
-    from .dataset import index_shards
-    from .sources import find_shards
+    from shardfs.view.dataset import index_shards
+    from shardfs.view.sources import find_shards
 
     _configure_remote(args)
     paths = find_shards(args.sources)
@@ -185,7 +185,7 @@ def cmd_index(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from .stats import STATS_XATTR
+    from shardfs.fuse.stats import STATS_XATTR
 
     try:
         data = json.loads(os.getxattr(args.mountpoint, STATS_XATTR))
@@ -203,9 +203,9 @@ def cmd_stats(args) -> int:
 
 
 def cmd_pack(args) -> int:
-    from .cache import parse_size
-    from .pack import PackOptions, pack_path
-    from .shardwriter import PackError
+    from shardfs.storage.ram import parse_size
+    from shardfs.pack.packer import PackOptions, pack_path
+    from shardfs.pack.writers import PackError
 
     def size(opt: str, text: str) -> int:
         if text.strip().endswith("%"):
@@ -233,7 +233,7 @@ def cmd_pack(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify
+    from shardfs.pack.verify import verify
 
     result = verify(args.sources, decode=args.decode, workers=args.workers)
     print(result.line())
@@ -241,10 +241,10 @@ def cmd_verify(args) -> int:
 
 
 def cmd_ls(args) -> int:
-    from .dataset import open_dataset
-    from .listing import list_path
+    from shardfs.view.dataset import open_dataset
+    from shardfs.pack.listing import list_path
 
-    from .layouts import from_options
+    from shardfs.view.layouts import from_options
 
     _configure_remote(args)
     layout = from_options(args.layout or "plain", args.class_names)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shardfs import sample
-from shardfs.mount import is_stale, process_alive
+from shardfs.service.mount import is_stale, process_alive
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ class Mount:
         self.path, self.pid, self.log_file, self.output = path, pid, log_file, output
 
     def stats(self) -> dict:
-        return json.loads(os.getxattr(self.path, "user.shardfs.stats"))
+        return json.loads(os.getxattr(self.path, "user.shardfs.fuse.stats"))
 
     def log(self) -> str:
         with open(self.log_file) as f:
@@ -71,7 +71,7 @@ def mount(tmp_path):
         if not expect_ok:
             return done
         assert done.returncode == 0, f"mount failed:\n{done.stdout}\n{done.stderr}"
-        m = Mount(str(mnt), json.loads(os.getxattr(mnt, "user.shardfs.stats"))["pid"], log_file,
+        m = Mount(str(mnt), json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))["pid"], log_file,
                   done.stdout + done.stderr)
         made.append(m)
         return m

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shardfs import cache as cache_mod
-from shardfs.cache import ShardCache, parse_size
-from shardfs.shards import Shard, ShardIOError
+from shardfs.storage import ram as cache_mod
+from shardfs.storage.ram import ShardCache, parse_size
+from shardfs.storage.local import Shard, ShardIOError
 
 MB = 1 << 20
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from shardfs.config import load_config, parse_config
+from shardfs.service.config import load_config, parse_config
 from shardfs.errors import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ import tarfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardfs import index
+from shardfs.index import shard_index as index
 from shardfs.formats.base import Kind
 from tarcraft import archive, member
 

@@ -5,7 +5,7 @@ import time
 
 from conftest import needs_fuse, shardfs_cmd
 
-from shardfs import index
+from shardfs.index import shard_index as index
 
 
 def test_index_command_then_mount_builds_nothing(tar_shards, mount):

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from shardfs.notify import Notifier
+from shardfs.service.notify import Notifier
 
 
 @pytest.mark.parametrize("abstract", [False, True])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import needs_fuse
 
-from shardfs import index as shard_index
+from shardfs.index import shard_index
 from shardfs.cli import main
-from shardfs.pack import pack_dataset
+from shardfs.pack.packer import pack_dataset
 
 datasets = pytest.importorskip("torchvision.datasets")
 Image = pytest.importorskip("PIL.Image")

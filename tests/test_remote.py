@@ -224,7 +224,7 @@ def test_credentials_never_appear_in_logs_status_or_stats(bucket, tar_shards, mo
     with pytest.raises(OSError):
         _read(os.path.join(m.path, members(tmp_path, SHARDS[3])[0]))
     status = shardfs_cmd("status", m.path, "--json").stdout
-    stats = os.getxattr(m.path, "user.shardfs.stats").decode()
+    stats = os.getxattr(m.path, "user.shardfs.fuse.stats").decode()
     with open("/proc/self/mounts") as f:
         mounts = f.read()
     with open(f"/proc/{m.pid}/cmdline", "rb") as f:

@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from shardfs import remote
-from shardfs.config import MountConfig, apply_options, parse_config
+from shardfs.storage import remote
+from shardfs.service.config import MountConfig, apply_options, parse_config
 from shardfs.errors import UsageError
 
 

@@ -8,7 +8,8 @@ import tarfile
 
 import pytest
 
-from shardfs import index, names
+from shardfs.index import shard_index as index
+from shardfs.index import names
 from shardfs.formats.base import Kind
 from shardfs.formats.tar import FORMAT as TAR
 from tarcraft import archive, header, member

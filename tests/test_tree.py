@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from shardfs import index, tree
+from shardfs.index import shard_index as index
+from shardfs.view import tree
 from tarcraft import archive, member
 
 

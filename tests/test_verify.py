@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from shardfs import index as shard_index
+from shardfs.index import shard_index
 from shardfs.cli import main
 from shardfs.formats.lz4shard import FORMAT
 

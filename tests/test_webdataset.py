@@ -11,9 +11,11 @@ import pytest
 
 from conftest import needs_fuse, shardfs_cmd
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
-from shardfs import index as shard_index
-from shardfs import labels, layouts, sample
-from shardfs.config import MountConfig, apply_options, check, parse_config, to_args
+from shardfs.index import shard_index
+from shardfs import sample
+from shardfs.index import labels
+from shardfs.view import layouts
+from shardfs.service.config import MountConfig, apply_options, check, parse_config, to_args
 from shardfs.errors import UsageError
 
 wds = pytest.importorskip("webdataset")
@@ -386,7 +388,7 @@ def test_sighup_rescan_keeps_the_imagefolder_layout(tmp_path, mount):
 
 
 def test_pack_dataset_webdataset_labels_are_the_targets(tmp_path):
-    from shardfs.pack import pack_dataset
+    from shardfs.pack.packer import pack_dataset
 
     class Unsorted(datasets.FakeData):
         classes = ["zz", "aa", "mm", "unused"]

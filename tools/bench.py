@@ -52,12 +52,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-from shardfs.cache import parse_size  # noqa: E402
-from shardfs.mount import process_alive as pid_alive, stop_child  # noqa: E402
+from shardfs.storage.ram import parse_size  # noqa: E402
+from shardfs.service.mount import process_alive as pid_alive, stop_child  # noqa: E402
 
 MARKER_VERSION = 3
 TARGET_JPEG_BYTES = 110_000  # ImageNet train mean
-STATS_XATTR = "user.shardfs.stats"
+STATS_XATTR = "user.shardfs.fuse.stats"
 PAGE_REPORTING = "/sys/module/page_reporting/parameters/page_reporting_order"
 NO_REPORTING_ORDER = 11  # above the buddy allocator's largest order: no free block is ever reported
 LATER_EPOCH_ZERO = 0.02  # "~0" storage reads in later epochs: at most this fraction of the dataset

@@ -86,7 +86,7 @@ def one_run(source: str, options: list[str], mnt: str, env: dict, log: str, expe
         started = time.perf_counter()
         got = read_all(mnt)
         seconds = time.perf_counter() - started
-        stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
+        stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
     finally:
         shardfs("umount", mnt, env=env)
     if got != expect:

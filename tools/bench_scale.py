@@ -44,9 +44,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shardfs.mount import is_stale as _stale, process_alive as alive  # noqa: E402
+from shardfs.service.mount import is_stale as _stale, process_alive as alive  # noqa: E402
 
-STATS_XATTR = "user.shardfs.stats"
+STATS_XATTR = "user.shardfs.fuse.stats"
 GEN_VERSION = 1
 POOL_BYTES = 1 << 22
 MTIME = 1_600_000_000
@@ -513,7 +513,7 @@ TREE_ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "shard", "
 
 def tree_array_bytes(shard_dir: str, index_dir: str) -> dict:
     """Open the dataset in this process (indexes are current) and measure the tree's arrays."""
-    from shardfs.dataset import open_dataset
+    from shardfs.view.dataset import open_dataset
 
     trim = None
     try:  # glibc: hand free heap pages back, before and after, so that the difference is what is kept

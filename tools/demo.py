@@ -70,7 +70,7 @@ def main() -> int:
             n, first_s = epoch(os.path.join(mnt, "train"), args.workers)
             plain_s = min(plain_s, epoch(src, args.workers)[1])
             mounted_s = min(first_s, epoch(os.path.join(mnt, "train"), args.workers)[1])
-            stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
+            stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
         finally:
             umount = shardfs("umount", mnt)
             if umount.returncode != 0:

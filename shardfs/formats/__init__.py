@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import ShardFormat, ShardFormatError  # noqa: F401 (re-exported)
+from shardfs.formats.base import ShardFormat, ShardFormatError  # noqa: F401 (re-exported)
 
 _BY_SUFFIX = {".tar": "tar", ".lz4shard": "lz4shard"}
 

@@ -12,7 +12,7 @@ For tar the logical stream is the file itself; for the lz4 format it is the
 concatenation of all uncompressed blocks. Member offsets in the index always
 point into the logical stream.
 
-``src`` is a local path or a :class:`ByteSource` (a remote object, see shardfs.remote):
+``src`` is a local path or a :class:`ByteSource` (a remote object, see shardfs.storage.remote):
 formats read through ``pread`` only, so they need not know where the bytes come from.
 """
 

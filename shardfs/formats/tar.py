@@ -9,7 +9,7 @@ numbers) and PAX (path, linkpath, size, mtime; global headers).
 
 from __future__ import annotations
 
-from .base import (SMALL_DATA, IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window,
+from shardfs.formats.base import (SMALL_DATA, IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window,
                    open_source)
 
 BLOCK = 512

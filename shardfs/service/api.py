@@ -1,0 +1,78 @@
+"""The Python API: a live mount for the length of a ``with`` block.
+
+    import shardfs
+    from torchvision import datasets
+
+    with shardfs.mounted("/lustre/proj/imagenet-shards", cache_size="32G") as root:
+        train = datasets.ImageFolder(f"{root}/train")
+        ...
+
+The mount is made by the same ``shardfs mount`` command line users run (a detached daemon
+that is live before this returns) and is always unmounted on exit, exceptions included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+from shardfs.service.mount import force_unmount
+
+
+class MountError(RuntimeError):
+    """``shardfs mount`` failed; the message is what it printed."""
+
+
+def mount_command(sources: list[str], mountpoint: str, options: dict) -> list[str]:
+    """The ``shardfs mount`` command line for keyword options (cache_size="32G" -> --cache-size 32G)."""
+    cmd = [sys.executable, "-m", "shardfs", "mount", *sources, mountpoint]
+    for key, value in options.items():
+        if value is None or key == "storage_options":  # through the environment: see mounted()
+            continue
+        if key == "allow_other":
+            cmd += ["-o", "allow_other"] if value else []
+        elif key == "auto_unmount":
+            cmd += [] if value else ["--no-auto-unmount"]
+        elif isinstance(value, bool):
+            raise TypeError(f"option {key}={value!r}: only allow_other and auto_unmount are flags")
+        else:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
+
+
+@contextlib.contextmanager
+def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None = None,
+            **options) -> Iterator[str]:
+    """Mount ``src`` (a shard directory, file or glob, or a list of them) and yield the mount's path.
+
+    Without ``mountpoint`` a private temporary directory is used and removed afterwards.
+    Options are those of ``shardfs mount``: cache_size, prefetch, loaders, index_dir,
+    workers, log_file, layout ("plain" or "imagefolder"), class_names, allow_other (bool),
+    auto_unmount (bool, default True), and storage_options (a dict of fsspec options for
+    s3:// and http(s):// sources).
+    """
+    sources = [os.fspath(s) for s in (src if isinstance(src, list | tuple) else [src])]
+    made_dir = mountpoint is None
+    path = tempfile.mkdtemp(prefix="shardfs-") if made_dir else os.fspath(mountpoint)
+    try:
+        env = None
+        if options.get("storage_options"):  # credentials: never on a command line
+            from shardfs.storage.remote import OPTIONS_ENV
+
+            env = {**os.environ, OPTIONS_ENV: json.dumps(options["storage_options"])}
+        done = subprocess.run(mount_command(sources, path, options), capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}")
+        try:
+            yield path
+        finally:
+            force_unmount(path)
+    finally:
+        if made_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # rmdir, never rmtree: nothing inside a mount is ever deleted

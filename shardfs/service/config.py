@@ -1,0 +1,196 @@
+"""What a mount is told, from any of its three front doors, as one ``MountConfig``.
+
+* the configuration file (TOML, for services; example: ``systemd/example.toml``):
+  unknown keys and wrong types are errors naming the key and the file, so a typo never
+  silently falls back to a default;
+* the command line (``shardfs mount SRC MNT --cache-size 64G -o allow_other``);
+* fstab / mount(8) options (``ro,allow_other,cache_size=64G``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from shardfs.storage.ram import PREFETCH_POLICIES, parse_size
+from shardfs.errors import UsageError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class MountConfig:
+    sources: list[str]
+    mountpoint: str
+    cache_size: str | None = None
+    prefetch: str = "touched"
+    loaders: int | None = None  # None: 2 for local shards, REMOTE_LOADERS when any is remote
+    allow_other: bool = False
+    index_dir: str | None = None
+    workers: int | None = None
+    log_level: str = "info"
+    # fusermount3 unmounts when the daemon dies (a batch system's SIGKILL), so no stale
+    # mount is left behind; off, a stale mount is cleaned by the next `shardfs mount`.
+    auto_unmount: bool = True
+    log_file: str | None = None
+    layout: str = "plain"  # or "imagefolder": WebDataset samples as <class>/<key>.<ext> (layouts.py)
+    class_names: str | None = None  # imagefolder: class names, one per line (label i = line i)
+    # fsspec storage options for remote sources (endpoint_url, key, secret, anon, ...):
+    # never on a command line the daemon is started with, never in logs.
+    storage_options: dict = field(default_factory=dict)
+
+
+# key -> (accepted types, description used in messages)
+_KEYS = {
+    "sources": ((list, str), "a list of shard directories, files or globs"),
+    "mountpoint": ((str,), "a path"),
+    "cache_size": ((str, int), 'a size such as "64G" or "50%", or bytes'),
+    "prefetch": ((str,), f"one of {', '.join(PREFETCH_POLICIES)}"),
+    "loaders": ((int,), "a whole number >= 1"),
+    "allow_other": ((bool,), "true or false"),
+    "index_dir": ((str,), "a path"),
+    "workers": ((int,), "a whole number >= 1"),
+    "log_level": ((str,), f"one of {', '.join(LOG_LEVELS)}"),
+    "auto_unmount": ((bool,), "true or false"),
+    "log_file": ((str,), "a path"),
+    "layout": ((str,), "plain or imagefolder"),
+    "class_names": ((str,), "a path"),
+    "storage_options": ((dict,), "a table of fsspec storage options (endpoint_url, key, secret, ...)"),
+}
+_REQUIRED = ("sources", "mountpoint")
+
+
+def _fail(path: str, key: str, why: str) -> UsageError:
+    return UsageError(f"{path}: {key}: {why}")
+
+
+def load_config(path: str) -> MountConfig:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such configuration file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, path)
+
+
+def parse_config(data: dict, path: str = "<config>") -> MountConfig:
+    for key, value in data.items():
+        if key not in _KEYS:
+            raise _fail(path, key, f"unknown key (known: {', '.join(_KEYS)})")
+        types, what = _KEYS[key]
+        # bool is an int in Python: do not let `loaders = true` pass as 1
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise _fail(path, key, f"expected {what}, got {type(value).__name__} {value!r}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise _fail(path, key, "missing (required)")
+
+    sources = data["sources"]
+    if isinstance(sources, str):
+        sources = [sources]
+    if not sources or not all(isinstance(s, str) and s for s in sources):
+        raise _fail(path, "sources", "expected a non-empty list of paths")
+    cfg = MountConfig(sources=sources, **{k: v for k, v in data.items() if k != "sources"})
+    if isinstance(cfg.cache_size, int):
+        cfg.cache_size = str(cfg.cache_size)
+    check(cfg, lambda key, why: _fail(path, key, why))
+    return cfg
+
+
+def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -> None:
+    """Values the types alone do not rule out; ``fail(key, why)`` makes the error to raise."""
+    if cfg.cache_size is not None:
+        try:
+            parse_size(cfg.cache_size)
+        except ValueError as exc:
+            raise fail("cache_size", str(exc)) from None
+    if cfg.prefetch not in PREFETCH_POLICIES:
+        raise fail("prefetch", f"expected {_KEYS['prefetch'][1]}, got {cfg.prefetch!r}")
+    if cfg.log_level not in LOG_LEVELS:
+        raise fail("log_level", f"expected {_KEYS['log_level'][1]}, got {cfg.log_level!r}")
+    for key in ("loaders", "workers"):
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise fail(key, f"expected {_KEYS[key][1]}, got {value}")
+    if cfg.layout not in ("plain", "imagefolder"):
+        raise fail("layout", f"expected {_KEYS['layout'][1]}, got {cfg.layout!r}")
+    if cfg.class_names is not None:
+        if cfg.layout != "imagefolder":
+            raise fail("class_names", "applies to layout imagefolder only")
+        from shardfs.pack.inputs import read_classes
+
+        try:  # here, so that `shardfs mount` fails before starting a daemon
+            read_classes(cfg.class_names)
+        except UsageError as exc:
+            raise fail("class_names", str(exc)) from None
+
+
+# fstab options mount(8) passes along that mean nothing to us (the mount is always read-only).
+_IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev",
+                    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+                    "default_permissions", "async", "sync"}
+STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
+_VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
+                  "log_level": str, "log_file": str, "layout": str, "class_names": str}
+
+
+def apply_options(cfg: MountConfig, text: str) -> None:
+    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab."""
+    for opt in text.split(","):
+        key, sep, value = opt.partition("=")
+        if not opt or key in _IGNORED_OPTIONS or key.startswith(("x-", "comment=")):
+            continue
+        if key in ("allow_other", "auto_unmount") and not sep:
+            setattr(cfg, key, True)
+        elif key == "no_auto_unmount" and not sep:
+            cfg.auto_unmount = False
+        elif key.startswith(STORAGE_PREFIX) and sep and len(key) > len(STORAGE_PREFIX):
+            from shardfs.storage.remote import parse_option
+
+            name, typed = parse_option(opt[len(STORAGE_PREFIX):])
+            cfg.storage_options[name] = typed
+        elif key in _VALUE_OPTIONS and sep:
+            try:
+                setattr(cfg, key, _VALUE_OPTIONS[key](value))
+            except ValueError:
+                raise UsageError(f"-o {opt}: expected a whole number") from None
+        else:
+            known = ", ".join(["allow_other", "no_auto_unmount", *(f"{k}=" for k in _VALUE_OPTIONS),
+                               f"{STORAGE_PREFIX}KEY="])
+            raise UsageError(f"unknown mount option -o {key} (known: {known})")
+
+
+def to_args(cfg: MountConfig) -> list[str]:
+    """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon).
+    Storage options are not among them (they may hold credentials, and any user can read a
+    command line): they go through the environment, see ``storage_env``."""
+    args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
+            "--layout", cfg.layout]
+    if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
+        args += ["--class-names", os.path.abspath(cfg.class_names)]
+    for key in ("loaders", "cache_size", "index_dir", "workers", "log_file"):
+        if getattr(cfg, key) is not None:
+            args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
+    if cfg.allow_other:
+        args += ["-o", "allow_other"]
+    if not cfg.auto_unmount:
+        args += ["--no-auto-unmount"]
+    return args
+
+
+def storage_env(cfg: MountConfig) -> dict:
+    """The environment that hands ``cfg.storage_options`` to a daemon or a `shardfs mount` we start."""
+    import json
+    import os
+
+    from shardfs.storage.remote import OPTIONS_ENV
+
+    env = dict(os.environ)
+    if cfg.storage_options:
+        env[OPTIONS_ENV] = json.dumps(cfg.storage_options)
+    return env

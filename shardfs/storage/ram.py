@@ -1,0 +1,427 @@
+"""The RAM cache of shard bytes: whole shards loaded sequentially, within a hard budget.
+
+How a read of raw shard bytes is answered (``ShardCache.fetch``):
+
+* The shard is **resident** (admitted to the cache): its bytes live in one anonymous
+  mmap of the shard's size, filled in 1 MiB chunks. Chunks the read needs that are
+  not there yet are read by the reader itself, at once, so a reader waits only for its
+  own bytes; a loader thread fills the other chunks in file order, 8 MiB per request. A chunk is read once,
+  by whoever claims it first, so a shard costs one pass over storage.
+* The shard is **not resident**: at its first read it is admitted if its size fits the free
+  budget (or fits after evicting shards nobody has read for ``idle_evict`` seconds), and
+  then served as above. If it does not fit, this and later reads of it are served by
+  reading **just the requested bytes** (it is considered again only after an eviction). A
+  whole shard is never loaded (and another evicted) to serve one member, and a shard is
+  never loaded after parts of it were read directly in the same pass, so with a dataset
+  larger than the budget each epoch costs at most one pass over the data: the resident
+  part is free, the rest is read member by member.
+
+Loads a reader is waiting for go before speculative ones (``prefetch="all"``); at most
+``loaders`` shards stream in at once. Everything read from storage is dropped from the
+kernel's page cache of the shard file (POSIX_FADV_DONTNEED), so the node holds the data
+at most twice (here and in the page cache of the mounted files), never three times.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import mmap
+import re
+import threading
+import time
+
+from shardfs.storage.local import Shard, ShardIOError
+
+log = logging.getLogger(__name__)
+
+# Readers fetch the 1 MiB chunks they need (short waits); loaders read runs of up to
+# 8 missing chunks per request (large sequential reads for the storage).
+CHUNK = 1 << 20
+LOAD_RUN = 8
+PAGE = mmap.PAGESIZE
+MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
+WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
+PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
+PREFETCH_POLICIES = ("touched", "all")
+
+
+def parse_size(text: str, total_ram: int | None = None) -> int:
+    """``64G``, ``512M``, ``1.5T``, ``1000000`` (bytes) or ``50%`` (of RAM)."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(%|[kKmMgGtT]i?[bB]?|[bB])?", text)
+    if not match:
+        raise ValueError(f"cannot read size {text!r} (examples: 64G, 512M, 50%)")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError(f"cache share {text!r} must be between 0 and 100%")
+        return int((total_ram or memory_total()) * number / 100)
+    scale = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[:1] if unit else ""]
+    return int(number * scale)
+
+
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def memory_total() -> int:
+    return _meminfo("MemTotal")
+
+
+def _cgroup_mounts(proc_root: str) -> tuple[str | None, str | None]:
+    """Where the cgroup v2 hierarchy and the v1 memory controller are mounted, if at all."""
+    v2 = v1 = None
+    try:
+        with open(f"{proc_root}/self/mounts") as f:
+            for line in f:
+                _dev, where, kind, options = line.split()[:4]
+                if kind == "cgroup2":
+                    v2 = v2 or where
+                elif kind == "cgroup" and "memory" in options.split(","):
+                    v1 = v1 or where
+    except OSError:
+        pass
+    return v2, v1
+
+
+def cgroup_memory_limit(proc_root: str = "/proc") -> tuple[int, str] | None:
+    """(bytes left under this process's cgroup memory limit, which file said so), or None.
+
+    cgroup v2: memory.max minus memory.current; v1: memory.limit_in_bytes minus
+    memory.usage_in_bytes. Walks up the hierarchy: a parent's limit binds too.
+    """
+    try:
+        with open(f"{proc_root}/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    v2_root, v1_root = _cgroup_mounts(proc_root)
+    best = None
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "" and v2_root:
+            base, limit_file, usage_file = v2_root, "memory.max", "memory.current"
+        elif "memory" in controllers.split(",") and v1_root:
+            base, limit_file, usage_file = v1_root, "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = "/".join([base, *parts[:depth]])
+            try:
+                with open(f"{folder}/{limit_file}") as f:
+                    text = f.read().strip()
+                with open(f"{folder}/{usage_file}") as f:
+                    usage = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if text == "max" or int(text) >= 1 << 60:  # v1 says "no limit" with a huge number
+                continue
+            left = max(0, int(text) - usage)
+            if best is None or left < best[0]:
+                best = (left, f"{folder}/{limit_file}")
+    return best
+
+
+def default_budget() -> tuple[int, str]:
+    """Half of what this process may still use: the node's available memory, or what its
+    cgroup (a batch job's memory limit) leaves, whichever is smaller. The other half
+    stays for the training job, so the job is never OOM-killed because of our cache."""
+    available = _meminfo("MemAvailable")
+    room, why = available, f"the {available / 2**30:.1f} GiB available on the node"
+    limit = cgroup_memory_limit()
+    if limit is not None and limit[0] < room:
+        room, why = limit[0], f"the {limit[0] / 2**30:.1f} GiB left under the cgroup limit ({limit[1]})"
+    return room // 2, f"half of {why}"
+
+
+class _BadChunk(Exception):
+    """A chunk could not be read from storage (an I/O error, not a changed shard)."""
+
+
+class Resident:
+    """One admitted shard: its buffer and which chunks of it are loaded."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+        self.size = shard.size
+        # Rounded up to whole pages so that O_DIRECT reads of the last chunk fit (see Shard.read_into).
+        self.buf = mmap.mmap(-1, max(-(-self.size // PAGE) * PAGE, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        nchunks = (self.size + CHUNK - 1) // CHUNK
+        self.state = bytearray(nchunks)
+        self.missing = nchunks
+        self.cond = threading.Condition()
+        self.failed: str | None = None
+        self.last_used = time.monotonic()
+        self.cursor = 0  # where the loader looks for the next missing chunk
+        self.busy = 0  # readers copying out or chunks being read: not evictable while > 0
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+
+class LoadQueue:
+    """A priority queue of shard loads served by a few threads (priority, then FIFO)."""
+
+    def __init__(self, workers: int, load):
+        self._heap: list = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._queued: dict[Shard, int] = {}  # shard -> best priority queued
+        self._load = load
+        self._stop = False
+        self.threads = [threading.Thread(target=self._run, name=f"shardfs-loader-{i}", daemon=True)
+                        for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, shard: Shard, priority: int) -> None:
+        with self._cv:
+            if self._queued.get(shard, 99) <= priority:
+                return
+            self._queued[shard] = priority
+            heapq.heappush(self._heap, (priority, next(self._order), shard))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                priority, _, shard = heapq.heappop(self._heap)
+                if self._queued.get(shard) != priority:
+                    continue  # a stale entry: the shard was re-queued at a better priority
+                del self._queued[shard]
+            try:
+                self._load(shard, priority)
+            except Exception:  # a loader must survive anything one shard does
+                log.exception("loading %s failed", shard.path)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+
+class ShardCache:
+    def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
+                 idle_evict: float = 300.0):
+        """``shards`` are streamed in at once when ``prefetch`` is "all"."""
+        if prefetch not in PREFETCH_POLICIES:
+            raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
+        self.budget, self.prefetch, self.idle_evict = budget, prefetch, idle_evict
+        self.resident: dict[Shard, Resident] = {}
+        self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
+        self.reserved = 0
+        self._lock = threading.Lock()
+        self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, evicted=0, admitted=0,
+                            storage_read_ns=0, load_errors=0)
+        self._queue = LoadQueue(loaders, self._load)
+        self.prefetch_all(shards)
+
+    def prefetch_all(self, shards: list[Shard]) -> None:
+        if self.prefetch == "all":
+            for shard in sorted(shards, key=lambda shard: shard.path):
+                self._queue.put(shard, PRIORITY_PREFETCH)
+
+    # ---- the read path ---------------------------------------------------
+
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes | memoryview:
+        """The shard's raw bytes there; from the cache as a view (no copy: the mount copies it
+        once into the reply), else bytes read from storage."""
+        res = self.resident.get(shard)
+        if res is None:
+            res = self._admit(shard)
+            if res is None:
+                return self._direct(shard, offset, length)
+        with res.cond:
+            res.busy += 1
+        try:
+            res.last_used = time.monotonic()
+            waited = not res.complete and self._ensure(res, offset // CHUNK, (offset + length - 1) // CHUNK)
+        except _BadChunk:
+            # Storage failed inside this chunk: read just the bytes asked for, so only the
+            # requests that really touch the failing range answer EIO.
+            return self._direct(shard, offset, length)
+        else:
+            self._count("misses" if waited else "hits")
+            # Loaded chunks are never written again, and the view keeps the mapping alive
+            # through an eviction until the reply is sent.
+            return memoryview(res.buf)[offset : offset + length]
+        finally:
+            with res.cond:
+                res.busy -= 1
+
+    def _ensure(self, res: Resident, first: int, last: int) -> bool:
+        """Make chunks first..last loaded: read the missing ones here, wait for claimed ones.
+
+        Returns whether anything had to be read or waited for."""
+        waited = False
+        for chunk in range(first, last + 1):
+            with res.cond:
+                deadline = time.monotonic() + WAIT_LIMIT
+                waited |= res.state[chunk] != LOADED
+                while res.state[chunk] == CLAIMED and not res.failed:
+                    if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
+                if res.failed:
+                    raise ShardIOError(res.failed)
+                if res.state[chunk] == BAD:
+                    raise _BadChunk
+                if res.state[chunk] == LOADED:
+                    continue
+                res.state[chunk] = CLAIMED
+            self._read_chunks(res, chunk, 1)
+        return waited
+
+    def _read_chunks(self, res: Resident, first: int, count: int) -> None:
+        """Read claimed chunks first..first+count-1 in one request and mark them loaded."""
+        start = first * CHUNK
+        length = min(count * CHUNK, res.size - start)
+        began = time.perf_counter_ns()
+        try:
+            res.shard.read_into(memoryview(res.buf), start, length)
+        except ShardIOError as exc:
+            with res.cond:
+                if res.shard.broken:  # changed or truncated: nothing of it can be trusted
+                    res.failed = str(exc)
+                # A failing run goes back to the readers, who narrow it down chunk by chunk;
+                # a single chunk that fails is served per request from then on.
+                fallback = BAD if count == 1 and not res.failed else MISSING
+                res.state[first : first + count] = bytes([fallback]) * count
+                res.cond.notify_all()
+            self._count("load_errors")
+            if res.failed:
+                self._drop(res)
+                raise
+            raise _BadChunk from exc
+        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        with res.cond:
+            res.state[first : first + count] = bytes([LOADED]) * count
+            res.missing -= count
+            res.cond.notify_all()
+
+    def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
+        began = time.perf_counter_ns()
+        data = shard.pread(offset, length)
+        shard.forget(offset, length)
+        self._count("direct_reads")
+        self._count("misses")
+        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        return data
+
+    # ---- admission, eviction, loading -------------------------------------
+
+    def _admit(self, shard: Shard, priority: int = PRIORITY_DEMAND) -> Resident | None:
+        if shard.broken:
+            raise ShardIOError(shard.broken)
+        with self._lock:
+            res = self.resident.get(shard)
+            if res is not None:
+                return res
+            refused_at = self.refused.get(shard)
+            if refused_at is not None and refused_at == self._counts["evicted"]:
+                return None  # refused before and nothing was evicted since: keep reading it directly
+            if shard.size > self.budget or not self._make_room(shard.size):
+                # Admitting it later in the same pass would load again what was just read directly.
+                self.refused[shard] = self._counts["evicted"]
+                return None
+            self.refused.pop(shard, None)
+            res = self.resident[shard] = Resident(shard)
+            self.reserved += shard.size
+            self._counts["admitted"] += 1
+        self._queue.put(shard, priority)
+        return res
+
+    def _make_room(self, need: int) -> bool:
+        """Evict shards idle for ``idle_evict`` seconds (oldest first) until ``need`` fits. Lock held."""
+        if self.reserved + need <= self.budget:
+            return True
+        cutoff = time.monotonic() - self.idle_evict
+        idle = [shard for shard, r in self.resident.items() if r.last_used < cutoff and not r.busy]
+        for shard in sorted(idle, key=lambda shard: self.resident[shard].last_used):
+            self._evict_locked(shard)
+            if self.reserved + need <= self.budget:
+                return True
+        return False
+
+    def _evict_locked(self, shard: Shard) -> None:
+        res = self.resident.pop(shard)
+        self.reserved -= res.size
+        self._counts["evicted"] += 1
+        # The mmap is unmapped when the last reference (a reader mid-copy) lets go of it.
+
+    def _drop(self, res: Resident) -> None:
+        with self._lock:
+            if self.resident.get(res.shard) is res:
+                self._evict_locked(res.shard)
+
+    def _load(self, shard: Shard, priority: int) -> None:
+        """Fill every missing chunk of ``shard`` in file order (a loader thread)."""
+        res = self.resident.get(shard)
+        if res is None:
+            res = self._admit(shard, priority)
+            if res is None:
+                return  # no room: prefetch stops at the budget
+        while not res.complete and not res.failed and self.resident.get(shard) is res:
+            with res.cond:
+                # One pass in file order; what fails is left to the readers that need it.
+                first = res.state.find(MISSING, res.cursor)
+                if first < 0:
+                    return  # the rest is loaded or claimed by readers
+                count = 1
+                while count < LOAD_RUN and first + count < len(res.state) and res.state[first + count] == MISSING:
+                    count += 1
+                res.cursor = first + count
+                res.state[first : first + count] = bytes([CLAIMED]) * count
+                res.busy += 1
+            try:
+                self._read_chunks(res, first, count)
+            except _BadChunk:
+                continue
+            except ShardIOError:
+                return
+            finally:
+                with res.cond:
+                    res.busy -= 1
+        if res.complete:
+            log.debug("%s: cached (%d MB)", res.shard.name, res.size >> 20)
+
+    # ---- figures ----------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1, ns: int = 0) -> None:
+        with self._lock:
+            self._counts[key] += n
+            if ns:
+                self._counts["storage_read_ns"] += ns
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            counts = dict(self._counts)
+            cached = sum(1 for r in self.resident.values() if r.complete)
+            loading = len(self.resident) - cached
+            reserved = self.reserved
+        busy_s = counts.pop("storage_read_ns") / 1e9
+        return {
+            "budget_bytes": self.budget,
+            "used_bytes": reserved,
+            "prefetch": self.prefetch,
+            "shards_cached": cached,
+            "shards_loading": loading,
+            "shards_evicted": counts.pop("evicted"),
+            **counts,
+            "storage_read_seconds": round(busy_s, 3),
+            "storage_read_rate_MBps": round(counts["storage_bytes_read"] / busy_s / 1e6, 1) if busy_s else 0.0,
+        }
+
+    def close(self) -> None:
+        self._queue.stop()

@@ -1,0 +1,151 @@
+"""Open a set of shards as one dataset: find them, load or build their indexes, merge the tree.
+
+Used by the daemon (at mount, and again on SIGHUP to pick up added or removed shards)
+and by the commands that work without mounting (index, ls).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from shardfs.index import shard_index
+from shardfs.view import layouts
+from shardfs.errors import UsageError
+from shardfs.storage.local import Shard
+from shardfs.formats.base import SourceUnavailable
+from shardfs.view.sources import find_shards, is_url
+from shardfs.view.tree import Tree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Dataset:
+    """One consistent view: the tree and the shards its member ids point into."""
+
+    tree: Tree
+    shards: list[Shard]
+    problems: list[str]  # one line per bad shard, refused member or conflict
+    seconds: float
+    built: int  # indexes built in this run (0 on a remount with persisted indexes)
+
+
+def _load_or_build(args):
+    path, index_dir, rebuild = args
+    try:
+        return shard_index.load_or_build(path, index_dir, rebuild)
+    except OSError as exc:
+        return None, f"{path}: cannot read: {exc.strerror or exc}"
+    except SourceUnavailable as exc:  # a remote shard unreachable (after retries), gone or changed
+        return None, f"{path}: cannot read: {exc}"
+
+
+def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False):
+    """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
+    (processes for local shards; threads for remote ones, which wait on the network)."""
+    jobs = [(p, index_dir, rebuild) for p in paths]
+    remote = any(is_url(p) for p in paths)
+    if remote and len(paths) > 1:
+        with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(paths))) as pool:
+            results = list(pool.map(_load_or_build, jobs))
+    elif workers > 1 and len(paths) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+            results = list(pool.map(_load_or_build, jobs, chunksize=1))
+    else:
+        results = [_load_or_build(job) for job in jobs]
+    return [(p, ix, how) for p, (ix, how) in zip(paths, results)]
+
+
+def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
+                 layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+    """``layout``: None shows members as stored; see layouts.py for the imagefolder view."""
+    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout)
+
+
+def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
+           workers: int | None = None, layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+    """The dataset as the sources are now, keeping what readers may still hold.
+
+    Added shards join the tree. A shard that disappeared or changed on disk keeps its
+    files in the tree, answering EIO (never silently dropped from under a reader, never
+    other bytes); a remount serves its new contents. Unchanged shards keep their Shard
+    object, so what the cache holds of them stays valid.
+    """
+    try:
+        paths = find_shards(sources)
+    except UsageError as exc:
+        log.error("rescan: %s; every shard is now missing", exc)
+        paths = []
+    return _assemble(paths, index_dir, workers, previous, layout)
+
+
+def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
+    if is_url(path):
+        from shardfs.storage.remote import RemoteShard
+
+        return RemoteShard(path, ix.shard_size, ix.shard_mtime_ns, ix.shard_tag)
+    return Shard(path, ix.shard_size, ix.shard_mtime_ns)
+
+
+def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
+    """The index a vanished or changed shard was served from, to keep its files visible."""
+    if shard.index_path:
+        try:
+            return shard_index.load(shard.index_path)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("%s: its index %s is unreadable (%s): its files leave the tree", shard.path,
+                        shard.index_path, exc)
+    return None
+
+
+def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
+              layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+    started = time.monotonic()
+    workers = workers or min(8, os.cpu_count() or 1)
+    problems: list[str] = []
+    old = {shard.path: shard for shard in previous.shards} if previous else {}
+    entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
+
+    for path, shard in old.items():  # vanished or changed since mount: EIO from now on
+        gone = path not in paths
+        if not gone and not shard.changed_on_disk():
+            continue
+        why = "disappeared" if gone else "changed on disk; remount to serve its new contents"
+        shard.mark_broken(why)
+        problems.append(f"{path}: {why}; its files answer EIO")
+        ix = _stale_index(shard)
+        if ix is not None:
+            entries[path] = (ix, shard)
+
+    fresh = [p for p in paths if p not in entries]
+    built = 0
+    for path, ix, how in index_shards(fresh, index_dir, workers):
+        if ix is None:
+            problems.append(how)
+            continue
+        built += how.startswith("built")
+        problems.extend(ix.warnings)
+        if ix.error:
+            problems.append(ix.error + (f" (its first {len(ix)} members are served)" if len(ix) else ""))
+            if not len(ix):
+                continue
+        shard = old.get(path)
+        if shard is None:
+            shard = _open_shard(path, ix)
+        shard.index_path = ix.stored_at
+        entries[path] = (ix, shard)
+
+    if not entries:
+        raise UsageError("no readable shard: " + "; ".join(problems[:3]))
+    order = sorted(entries)
+    newest = max(entries[p][0].shard_mtime_ns for p in order) / 1e9
+    shown = [os.path.basename(p) for p in order]
+    views, notes = layouts.apply(layout, shown, [entries[p][0] for p in order])
+    problems.extend(notes)
+    tree = Tree(shown, views, default_mtime=newest)
+    problems.extend(tree.problems)
+    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built)

@@ -1,0 +1,22 @@
+"""Member reads: from a member of the tree to bytes, through the shard's layout and the cache."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shardfs.view.dataset import Dataset
+from shardfs.storage.local import Shard
+
+
+class Fetcher(Protocol):
+    def fetch(self, shard: Shard, offset: int, length: int) -> bytes | memoryview: ...
+
+
+def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int) -> bytes | memoryview:
+    tree = view.tree
+    length = min(size, int(tree.size[m]) - offset)
+    if length <= 0:
+        return b""
+    shard = view.shards[int(tree.shard[m])]
+    fetch = lambda off, n: fetcher.fetch(shard, off, n)  # noqa: E731
+    return shard.layout().read(int(tree.offset[m]) + offset, length, fetch)

@@ -1,0 +1,193 @@
+"""The merged directory tree of all shards: lookups, listings, attributes.
+
+Every member lives in flat numpy arrays (about 100 bytes a member with its name),
+looked up by a sorted array of 64-bit path hashes, so there is no Python object
+per file. Directories are few and live in plain dicts.
+
+Node ids (internal, what ``lookup`` returns): directory ``d`` is ``1 + d`` (the root
+is 1); member ``m`` is ``1 + ndirs + m``. Inode numbers shown to users are derived from
+the path instead (``inode_number``), so they stay the same across remounts and rescans
+even when shards are added or removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardfs.index import names
+from shardfs.formats.base import Kind
+from shardfs.index.shard_index import ShardIndex, path_hash
+
+log = logging.getLogger(__name__)
+
+MAX_REPORTED = 20  # conflict lines logged one by one; the rest are counted
+
+
+@dataclass
+class Dir:
+    path: bytes
+    mode: int = 0o755
+    mtime: float = 0.0
+    explicit: bool = False
+
+
+class Tree:
+    def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0):
+        self.shard_names = shard_names
+        self.problems: list[str] = []
+        self.dirs: list[Dir] = [Dir(b"", mtime=default_mtime)]
+        self.dir_id: dict[bytes, int] = {b"": 0}
+        self.subdirs: list[list[int]] = [[]]  # child directory ids
+        self._default_mtime = default_mtime
+        self._merge(indexes)
+
+    # ---- building -------------------------------------------------------
+
+    def _add_dir(self, path: bytes) -> int:
+        found = self.dir_id.get(path)
+        if found is not None:
+            return found
+        parent = self._add_dir(names.parent_of(path)) if path else None
+        d = self.dir_id[path] = len(self.dirs)
+        self.dirs.append(Dir(path, mtime=self._default_mtime))
+        self.subdirs.append([])
+        if parent is not None:
+            self.subdirs[parent].append(d)
+        return d
+
+    def _merge(self, indexes: list[ShardIndex]) -> None:
+        counts = [len(ix) for ix in indexes]
+        self.shard = np.repeat(np.arange(len(indexes), dtype=np.uint32), counts)
+        self.names = b"".join(ix.names for ix in indexes)
+        ends, parents, base = [], [], 0
+        for ix in indexes:
+            ends.append(ix.name_end + base)
+            base += len(ix.names)
+            local_to_global = np.array([self._add_dir(d) for d in ix.dirs], dtype=np.uint32)
+            parents.append(local_to_global[ix.parent] if len(ix) else np.empty(0, np.uint32))
+        cat = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.empty(0, dtype)  # noqa: E731
+        self.name_end = cat(ends, np.int64)
+        self.kind = cat([ix.kind for ix in indexes], np.uint8)
+        self.offset = cat([ix.offset for ix in indexes], np.int64)
+        self.size = cat([ix.size for ix in indexes], np.int64)
+        self.mode = cat([ix.mode for ix in indexes], np.uint16)
+        self.mtime = cat([ix.mtime for ix in indexes], np.float64)
+        hashes = cat([ix.hash for ix in indexes], np.uint64)
+        parent = cat(parents, np.uint32)
+        self.symlinks: dict[int, bytes] = {}
+        starts = np.cumsum([0] + counts)
+        for s, ix in enumerate(indexes):
+            self.symlinks.update({int(starts[s]) + i: t for i, t in ix.symlinks.items()})
+
+        # Explicit directory members give their directory a mode and mtime.
+        for m in np.flatnonzero(self.kind == Kind.DIR):
+            d = self.dirs[self._add_dir(self.name(int(m)))]
+            d.mode, d.mtime, d.explicit = int(self.mode[m]) or 0o755, float(self.mtime[m]), True
+
+        live = (self.kind == Kind.FILE) | (self.kind == Kind.SYMLINK)
+        self._hide_files_shadowed_by_dirs(live, hashes)
+        self._resolve_duplicates(live, hashes)
+
+        ids = np.flatnonzero(live).astype(np.uint32)
+        order = np.argsort(hashes[ids], kind="stable")
+        self.lookup_hash = hashes[ids][order]
+        self.lookup_id = ids[order]
+        order = np.argsort(parent[ids], kind="stable")
+        self.listing = ids[order]  # live members grouped by directory
+        self.listing_start = np.searchsorted(parent[self.listing], np.arange(len(self.dirs) + 1))
+        self.ndirs = len(self.dirs)
+        self.nfiles = len(ids)
+        self.total_size = int(self.size[ids].sum()) if len(ids) else 0
+        self.dir_nlink = [2 + len(sub) for sub in self.subdirs]
+
+    def _report(self, line: str) -> None:
+        self.problems.append(line)
+
+    def _hide_files_shadowed_by_dirs(self, live: np.ndarray, hashes: np.ndarray) -> None:
+        dir_hashes = np.array([path_hash(d.path) for d in self.dirs], dtype=np.uint64)
+        for m in np.flatnonzero(live & np.isin(hashes, dir_hashes)):
+            path = self.name(int(m))
+            if path in self.dir_id:
+                live[m] = False
+                self._report(
+                    f"{names.show(path)}: a file in {self.shard_names[self.shard[m]]} and a directory "
+                    "elsewhere; the directory is served"
+                )
+
+    def _resolve_duplicates(self, live: np.ndarray, hashes: np.ndarray) -> None:
+        """Same path in several shards: the shard whose path sorts last wins (like layers)."""
+        ids = np.flatnonzero(live)
+        order = ids[np.argsort(hashes[ids], kind="stable")]
+        sorted_hashes = hashes[order]
+        same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+        if not len(same):
+            return
+        groups: dict[int, list[int]] = {}
+        for i in same:
+            group = groups.setdefault(int(sorted_hashes[i]), [int(order[i])])
+            group.append(int(order[i + 1]))
+        duplicates = 0
+        for group in groups.values():
+            by_name: dict[bytes, list[int]] = {}
+            for m in group:
+                by_name.setdefault(self.name(m), []).append(m)
+            for path, members in by_name.items():
+                if len(members) < 2:
+                    continue  # a 64-bit hash collision of different names: both are served
+                members.sort()
+                winner = members[-1]
+                for m in members[:-1]:
+                    live[m] = False
+                duplicates += 1
+                if duplicates <= MAX_REPORTED:
+                    where = ", ".join(self.shard_names[self.shard[m]] for m in members)
+                    self._report(
+                        f"{names.show(path)} is in several shards ({where}); serving the one in "
+                        f"{self.shard_names[self.shard[winner]]} (the last in name order)"
+                    )
+        if duplicates > MAX_REPORTED:
+            self._report(f"... and {duplicates - MAX_REPORTED} more paths found in several shards")
+
+    # ---- queries ----------------------------------------------------------
+
+    def name(self, m: int) -> bytes:
+        start = int(self.name_end[m - 1]) if m else 0
+        return self.names[start : int(self.name_end[m])]
+
+    def lookup(self, path: bytes) -> int:
+        """Node id of ``path`` (no leading slash), 0 if absent."""
+        d = self.dir_id.get(path)
+        if d is not None:
+            return d + 1
+        h = np.uint64(path_hash(path))
+        i = int(np.searchsorted(self.lookup_hash, h))
+        while i < len(self.lookup_hash) and self.lookup_hash[i] == h:
+            m = int(self.lookup_id[i])
+            if self.name(m) == path:
+                return self.ndirs + 1 + m
+            i += 1
+        return 0
+
+    def is_dir(self, node: int) -> bool:
+        return node <= self.ndirs
+
+    def member(self, node: int) -> int:
+        return node - self.ndirs - 1
+
+    def children(self, node: int) -> tuple[list[int], np.ndarray]:
+        """(subdirectory ids, member ids of the files and links) of directory ``node``."""
+        d = node - 1
+        files = self.listing[self.listing_start[d] : self.listing_start[d + 1]]
+        return self.subdirs[d], files
+
+
+_INODE_SPACE = (1 << 63) - 2
+
+
+def inode_number(path: bytes) -> int:
+    """A stable inode number from the path (the root is 1). Equal numbers for different
+    paths need a 63-bit hash collision: about one chance in 10^13 at a million files."""
+    return 1 if not path else 2 + path_hash(path) % _INODE_SPACE
