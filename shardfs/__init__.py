@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"
 
+from shardfs.errors import ShardfsError  # noqa: E402,F401  (catch this one: every error shardfs raises)
+
 
 def mounted(*args, **kwargs):
     """``with shardfs.mounted(src, mountpoint=None, **options) as root:`` (see shardfs.service.api)."""

@@ -203,7 +203,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_pack(args) -> int:
-    from shardfs.storage.ram import parse_size
+    from shardfs.storage.memory import parse_size
     from shardfs.pack.packer import PackOptions, pack_path
     from shardfs.pack.writers import PackError
 

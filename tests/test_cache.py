@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shardfs.storage import ram as cache_mod
-from shardfs.storage.ram import ShardCache, parse_size
-from shardfs.storage.local import Shard, ShardIOError
+from shardfs.storage.memory import parse_size
+from shardfs.storage.ram import ShardCache
+from shardfs.storage.base import ShardIOError
+from shardfs.storage.local import LocalShard as Shard
 
 MB = 1 << 20
 

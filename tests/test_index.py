@@ -6,6 +6,7 @@ import time
 from conftest import needs_fuse, shardfs_cmd
 
 from shardfs.index import shard_index as index
+from shardfs.index import store
 
 
 def test_index_command_then_mount_builds_nothing(tar_shards, mount):
@@ -39,23 +40,23 @@ def test_remount_loads_persisted_index_and_touch_invalidates(tar_shards, mount):
 
 def test_index_falls_back_to_cache_dir_when_shard_dir_is_read_only(tar_shards, tmp_path):
     shard = str(sorted(tar_shards.glob("*.tar"))[0])
-    beside, cached = index.candidate_paths(shard, str(tmp_path / "cache"))
+    beside, cached = store.candidate_paths(shard, str(tmp_path / "cache"))
     os.makedirs(beside, exist_ok=True)  # a directory where the index file would go: cannot save there
-    ix, how = index.load_or_build(shard, str(tmp_path / "cache"))
+    ix, how = store.load_or_build(shard, str(tmp_path / "cache"))
     assert how == "built" and os.path.exists(cached)
-    again, how = index.load_or_build(shard, str(tmp_path / "cache"))
+    again, how = store.load_or_build(shard, str(tmp_path / "cache"))
     assert how == "loaded" and len(again) == len(ix)
     assert again.names == ix.names and (again.offset == ix.offset).all()
 
 
 def test_index_reads_no_shard_bytes_when_current(tar_shards, monkeypatch):
     shard = str(sorted(tar_shards.glob("*.tar"))[0])
-    index.load_or_build(shard)
+    store.load_or_build(shard)
     from shardfs.formats import tar
 
     def fail(*_a, **_k):
         raise AssertionError("the shard was scanned although its index is current")
 
     monkeypatch.setattr(tar.TarFormat, "scan", fail)
-    ix, how = index.load_or_build(shard)
+    ix, how = store.load_or_build(shard)
     assert how == "loaded" and len(ix) == 18

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -16,18 +17,28 @@ from shardfs.service.api import MountError
 pytestmark = needs_fuse
 
 
-def _shardfs_mounts():
+def _shardfs_mounts(under: str) -> list[str]:
+    """Our mounts only: other jobs on the machine may mount meanwhile."""
     with open("/proc/self/mounts") as f:
-        return [line.split()[1] for line in f if " fuse.shardfs " in line]
+        return [line.split()[1] for line in f if " fuse.shardfs " in line and line.split()[1].startswith(under)]
 
 
-def test_run_propagates_exit_status_and_cleans_up(tar_shards, tmp_path):
-    before = _shardfs_mounts()
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """TMPDIR of our own, where `shardfs run` and shardfs.mounted make their temporary mountpoints."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR in this process too
+    return tmp
+
+
+def test_run_propagates_exit_status_and_cleans_up(tar_shards, private_tmp):
     script = 'import os, sys; print(sorted(os.listdir(os.environ["SHARDFS_MOUNT"] + "/train"))[0]); sys.exit(7)'
     done = shardfs_cmd("run", str(tar_shards), "--", sys.executable, "-c", script)
     assert done.returncode == 7, done.stderr
     assert done.stdout.strip().endswith("n00000000")
-    assert _shardfs_mounts() == before
+    assert _shardfs_mounts(str(private_tmp)) == [] and os.listdir(private_tmp) == []
     assert shardfs_cmd("run", str(tar_shards), "--", "true").returncode == 0
 
 
@@ -63,20 +74,20 @@ def test_run_usage_errors(tar_shards):
     assert missing.returncode == 2 and "command not found" in missing.stderr
 
 
-def test_python_api_unmounts_also_on_exceptions(tar_shards):
+def test_python_api_unmounts_also_on_exceptions(tar_shards, private_tmp):
     datasets = pytest.importorskip("torchvision.datasets")
-    before = _shardfs_mounts()
+    before = _shardfs_mounts(str(private_tmp))
     with shardfs.mounted(tar_shards, cache_size="64M") as root:
         ds = datasets.ImageFolder(os.path.join(root, "train"))
         assert len(ds) == 72 and ds[0][0].size == (64, 64)
         assert json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["cache"]["budget_bytes"] == 64 << 20
-    assert _shardfs_mounts() == before and not os.path.exists(root)
+    assert _shardfs_mounts(str(private_tmp)) == before and not os.path.exists(root)
 
     with pytest.raises(ZeroDivisionError):
         with shardfs.mounted(tar_shards) as root:
             assert os.path.ismount(root)
             1 / 0
-    assert _shardfs_mounts() == before and not os.path.exists(root)
+    assert _shardfs_mounts(str(private_tmp)) == before and not os.path.exists(root)
 
     with pytest.raises(MountError, match="no such file or directory"):
         with shardfs.mounted(tar_shards / "nothing-here"):

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from shardfs.storage import open_shard
 from shardfs.formats import lz4shard
 from shardfs.formats.base import Kind, MemberRecord, ShardFormatError
 from shardfs.formats.lz4shard import FORMAT, BlockCache, Lz4ShardWriter
@@ -91,8 +92,8 @@ def write(path, entries, block_size=512):
 
 def check_round_trip(path, entries):
     """Scan and read back every member; compare with what was written."""
-    members = FORMAT.read_members(str(path))
-    layout = FORMAT.open_layout(str(path), os.path.getsize(path))
+    members = FORMAT.read_members(open_shard(str(path)))
+    layout = FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path))
     fetch = file_fetch(path)
     assert len(members) == len(entries)
     for m, (kind, name, payload, mode, mtime) in zip(members, entries):
@@ -112,8 +113,8 @@ def check_round_trip(path, entries):
 def assert_refused(path):
     """The strict reader raises; scan() reports the damage instead of raising."""
     with pytest.raises(ShardFormatError) as exc:
-        FORMAT.read_members(str(path))
-    result = FORMAT.scan(str(path))
+        FORMAT.read_members(open_shard(str(path)))
+    result = FORMAT.scan(open_shard(str(path)))
     assert result.members == [] and result.error == str(exc.value)
 
 
@@ -144,7 +145,7 @@ def ref(tmp_path_factory):
     """(path, bytes, members) of the reference shard."""
     path = tmp_path_factory.mktemp("ref") / "ref.lz4shard"
     write(path, REF_ENTRIES)
-    return path, path.read_bytes(), FORMAT.read_members(str(path))
+    return path, path.read_bytes(), FORMAT.read_members(open_shard(str(path)))
 
 
 @pytest.fixture(scope="module")
@@ -178,21 +179,17 @@ def test_file_spanning_blocks_and_subranges(tmp_path):
     data = text_blob(random.Random(2), 5 * 1024 + 300)
     path = tmp_path / "big.lz4shard"
     write(path, [(Kind.FILE, "a", b"xyz", 0o644, 0.0), (Kind.FILE, "big", data, 0o644, 0.0)], block_size=1024)
-    m = FORMAT.read_members(str(path))[1]
-    layout = FORMAT.open_layout(str(path), os.path.getsize(path))
+    m = FORMAT.read_members(open_shard(str(path)))[1]
+    layout = FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path))
     fetch = file_fetch(path)
     assert layout.read(m.offset, m.size, fetch) == data
     for start, length in [(0, 1), (1020, 10), (1021, 2048), (m.size - 1, 1), (0, m.size), (500, 0)]:
         assert layout.read(m.offset + start, length, fetch) == data[start : start + length]
-    # raw_range covers exactly the blocks holding the range.
-    start, length = layout.raw_range(m.offset + 1020, 10)  # logical 1023..1033: blocks 0 and 1
-    _, blocks, *_ = disassemble(path.read_bytes())
-    assert (start, length) == (blocks[0][0], blocks[2][0] - blocks[0][0])
 
 
 def test_empty_shard_and_dirs_only(tmp_path):
     write(tmp_path / "e.lz4shard", [])
-    assert FORMAT.read_members(str(tmp_path / "e.lz4shard")) == []
+    assert FORMAT.read_members(open_shard(str(tmp_path / "e.lz4shard"))) == []
     entries = [(Kind.DIR, "a", b"", 0o700, 0.0), (Kind.DIR, "a/b", b"", 0o755, 7.0)]
     entries.append((Kind.FILE, "a/e", b"", 0o644, 0.0))
     write(tmp_path / "d.lz4shard", entries)
@@ -217,7 +214,7 @@ def test_raw_and_compressed_blocks(tmp_path):
 def test_names_are_raw_bytes(tmp_path):
     entries = [(Kind.FILE, b"\xff\xfe/latin-\xe9", b"x", 0o644, 0.0), (Kind.FILE, "ünï/../../x", b"y", 0o644, 0.0)]
     write(tmp_path / "b.lz4shard", entries)
-    members = FORMAT.read_members(str(tmp_path / "b.lz4shard"))
+    members = FORMAT.read_members(open_shard(str(tmp_path / "b.lz4shard")))
     assert [m.path for m in members] == [b"\xff\xfe/latin-\xe9", "ünï/../../x".encode()]
 
 
@@ -234,8 +231,8 @@ def test_writer_masks_file_type_bits_and_validates(tmp_path):
         with pytest.raises(ValueError):  # refused before its data reaches the stream
             w.add_file("g", b"orphan", mtime=float("inf"))
     path = tmp_path / "m.lz4shard"
-    assert [(m.path, m.mode) for m in FORMAT.read_members(str(path))] == [(b"f", 0o644)]
-    assert FORMAT.open_layout(str(path), os.path.getsize(path)).logical_size == 0
+    assert [(m.path, m.mode) for m in FORMAT.read_members(open_shard(str(path)))] == [(b"f", 0o644)]
+    assert FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path)).logical_size == 0
     for bs in (0, 511, (64 << 20) + 1):
         with pytest.raises(ValueError):
             Lz4ShardWriter(tmp_path / "x.lz4shard", block_size=bs)
@@ -270,7 +267,7 @@ def test_scan_reads_only_footer_and_tables(ref, monkeypatch):
     reads = []
     real = lz4shard._read_at
     monkeypatch.setattr(lz4shard, "_read_at", lambda fh, off, n: (reads.append((off, n)), real(fh, off, n))[1])
-    result = FORMAT.scan(str(path))
+    result = FORMAT.scan(open_shard(str(path)))
     assert (result.members, result.warnings, result.error) == (members, [], None)
     data_region = range(HDR.size, f["bt_off"])
     assert all(off + n <= data_region.start or off >= data_region.stop for off, n in reads)
@@ -283,8 +280,8 @@ def test_scan_ignores_garbage_data_blocks_but_read_fails(ref, scratch):
     garbage = random.Random(4).randbytes(f["bt_off"] - HDR.size)
     bad = scratch / "garbage-data.lz4shard"
     bad.write_bytes(data[: HDR.size] + garbage + data[f["bt_off"] :])
-    assert FORMAT.read_members(str(bad)) == members
-    layout = FORMAT.open_layout(str(bad), len(data))
+    assert FORMAT.read_members(open_shard(str(bad))) == members
+    layout = FORMAT.open_layout(open_shard(str(bad)), len(data))
     big = next(m for m in members if m.path == b"big.txt")
     with pytest.raises(ShardFormatError, match="checksum"):
         layout.read(big.offset, big.size, file_fetch(bad))
@@ -297,7 +294,7 @@ def test_sequential_reads_decompress_each_block_once(tmp_path):
     data = text_blob(random.Random(5), 3 << 20)
     path = tmp_path / "seq.lz4shard"
     write(path, [(Kind.FILE, "f", data, 0o644, 0.0)], block_size=1 << 20)
-    layout = FORMAT.open_layout(str(path), os.path.getsize(path))
+    layout = FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path))
     fetched = []
     real = file_fetch(path)
     fetch = lambda off, n: (fetched.append(off), real(off, n))[1]  # noqa: E731
@@ -324,7 +321,7 @@ def test_concurrent_reads(tmp_path):
     data = text_blob(random.Random(6), 200_000) + random.Random(7).randbytes(100_000)
     path = tmp_path / "mt.lz4shard"
     write(path, [(Kind.FILE, "f", data, 0o644, 0.0)], block_size=4096)
-    layout = FORMAT.open_layout(str(path), os.path.getsize(path))
+    layout = FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path))
     fetch, errors = file_fetch(path), []
 
     def worker(seed):
@@ -426,9 +423,9 @@ def test_block_table_damage_also_refused_by_open_layout(ref, scratch):
     out = scratch / "bt.lz4shard"
     out.write_bytes(_mutated(data, HOSTILE_TABLES["block offset"]))
     with pytest.raises(ShardFormatError):
-        FORMAT.open_layout(str(out), len(data))
+        FORMAT.open_layout(open_shard(str(out)), len(data))
     with pytest.raises(ShardFormatError, match="expected"):  # size differs from the scanned one
-        FORMAT.open_layout(str(path), len(data) + 1)
+        FORMAT.open_layout(open_shard(str(path)), len(data) + 1)
 
 
 def _one_block_shard(stored: bytes, usize: int, flags: int, bs: int = 1024) -> bytes:
@@ -451,8 +448,8 @@ def _one_block_shard(stored: bytes, usize: int, flags: int, bs: int = 1024) -> b
 def test_block_with_wrong_uncompressed_size(scratch, stored):
     path = scratch / "oneblock.lz4shard"
     path.write_bytes(_one_block_shard(stored, 1000, 1))
-    m = FORMAT.read_members(str(path))[0]
-    layout = FORMAT.open_layout(str(path), os.path.getsize(path))
+    m = FORMAT.read_members(open_shard(str(path)))[0]
+    layout = FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path))
     with pytest.raises(ShardFormatError):
         layout.read(m.offset, m.size, file_fetch(path))
 
@@ -461,21 +458,19 @@ def test_spec_built_shard_reads(scratch):
     """A shard assembled from the spec alone (not by the writer) is read correctly."""
     path = scratch / "spec.lz4shard"
     path.write_bytes(_one_block_shard(lz4.block.compress(b"a" * 1000, store_size=False), 1000, 1))
-    m = FORMAT.read_members(str(path))[0]
-    assert FORMAT.open_layout(str(path), os.path.getsize(path)).read(0, 1000, file_fetch(path)) == b"a" * 1000
+    m = FORMAT.read_members(open_shard(str(path)))[0]
+    assert FORMAT.open_layout(open_shard(str(path)), os.path.getsize(path)).read(0, 1000, file_fetch(path)) == b"a" * 1000
     assert m == MemberRecord(b"f", Kind.FILE, 0, 1000, 0o644, 0.0, b"")
 
 
 def test_read_errors_on_short_fetch_and_bad_ranges(ref):
     path, data, members = ref
-    layout = FORMAT.open_layout(str(path), len(data))
+    layout = FORMAT.open_layout(open_shard(str(path)), len(data))
     with pytest.raises(ShardFormatError, match="short read"):
         layout.read(0, 10, lambda off, n: data[off : off + n - 1])
     for off, n in [(-1, 5), (layout.logical_size, 1), (layout.logical_size - 2, 3)]:
         with pytest.raises(ShardFormatError):
             layout.read(off, n, bytes_fetch(data))
-        with pytest.raises(ShardFormatError):
-            layout.raw_range(off, n)
 
 
 # --------------------------------------------------------------------------- property-based
@@ -524,12 +519,12 @@ def _read_all_or_refuse(path, size, original_members, fetch=None):
     returned must be exactly the original: damage is either caught or harmless.
     """
     try:
-        members = FORMAT.read_members(str(path))
+        members = FORMAT.read_members(open_shard(str(path)))
     except ShardFormatError:
         return
     assert members == original_members  # header, footer and tables are fully checked
     try:
-        layout = FORMAT.open_layout(str(path), size)
+        layout = FORMAT.open_layout(open_shard(str(path)), size)
     except ShardFormatError:
         pytest.fail("scan accepted a shard that open_layout refused")
     fetch = fetch or file_fetch(path)
@@ -601,7 +596,7 @@ def test_random_garbage(scratch, garbage, magics, size_fields, small):
     out.write_bytes(garbage)
     assert_refused(out)
     with pytest.raises(ShardFormatError):
-        FORMAT.open_layout(str(out), len(garbage))
+        FORMAT.open_layout(open_shard(str(out)), len(garbage))
 
 
 @FUZZ
@@ -633,8 +628,8 @@ def test_forged_tables(ref, scratch, data):
     out = scratch / "forged.lz4shard"
     out.write_bytes(forged)
     try:
-        found = FORMAT.read_members(str(out))
-        layout = FORMAT.open_layout(str(out), len(forged))
+        found = FORMAT.read_members(open_shard(str(out)))
+        layout = FORMAT.open_layout(open_shard(str(out)), len(forged))
     except ShardFormatError:
         return
     for m in found:

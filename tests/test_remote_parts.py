@@ -5,18 +5,19 @@ import logging
 import pytest
 
 from shardfs.storage import remote
+from shardfs.view.sources import expand_braces
 from shardfs.service.config import MountConfig, apply_options, parse_config
 from shardfs.errors import UsageError
 
 
 def test_brace_ranges_as_webdataset_writes_them():
-    urls = remote.expand_braces("https://h/p/train-{000000..000146}.tar")
+    urls = expand_braces("https://h/p/train-{000000..000146}.tar")
     assert len(urls) == 147 and urls[0] == "https://h/p/train-000000.tar" and urls[-1].endswith("-000146.tar")
-    assert remote.expand_braces("s3://b/{a,b}-{1..2}.tar") == ["s3://b/a-1.tar", "s3://b/a-2.tar",
+    assert expand_braces("s3://b/{a,b}-{1..2}.tar") == ["s3://b/a-1.tar", "s3://b/a-2.tar",
                                                                "s3://b/b-1.tar", "s3://b/b-2.tar"]
-    assert remote.expand_braces("http://h/x.tar") == ["http://h/x.tar"]
+    assert expand_braces("http://h/x.tar") == ["http://h/x.tar"]
     with pytest.raises(UsageError):
-        remote.expand_braces("http://h/{x}.tar")
+        expand_braces("http://h/{x}.tar")
 
 
 def test_options_are_typed_and_secrets_redacted(monkeypatch):

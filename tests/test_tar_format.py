@@ -8,6 +8,7 @@ import tarfile
 
 import pytest
 
+from shardfs.storage import open_shard
 from shardfs.index import shard_index as index
 from shardfs.index import names
 from shardfs.formats.base import Kind
@@ -46,7 +47,7 @@ def test_gnu_tar_sort_name_output(tmp_path, fmt):
         pytest.skip(done.stderr.decode())
     ix = index.build(str(out))
     assert ix.error is None and ix.warnings == []
-    result = TAR.scan(str(out))
+    result = TAR.scan(open_shard(str(out)))
     by_name = {names.normalise(r.path): r for r in result.members if r.path.strip(b"./")}
     assert _read(out, by_name[b"cls1/x.jpg"]) == b"x" * 700
     assert _read(out, by_name[LONG.encode()]) == b"long"
@@ -80,7 +81,7 @@ def test_base256_size_and_skipped_types(tmp_path):
     data = bytes(h) + b"hello".ljust(512, b"\0")
     path = tmp_path / "b.tar"
     path.write_bytes(archive(data, member(b"fifo", typeflag=b"6"), member(b"dev", typeflag=b"3")))
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert [(r.path, r.size) for r in result.members] == [(b"big.bin", 5)]
     assert result.warnings == ["member fifo: fifo not served", "member dev: character device not served"]
 
@@ -91,7 +92,7 @@ def test_damage_keeps_members_before_it(tmp_path):
     bad[0] ^= 0xFF  # breaks the header checksum
     path = tmp_path / "d.tar"
     path.write_bytes(good + bytes(bad) + b"\0" * 1024)
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert [r.path for r in result.members] == [b"one.txt", b"two.txt"]
     assert "damaged header: bad header checksum at offset 2048" in result.error
 
@@ -100,7 +101,7 @@ def test_hostile_pax_records(tmp_path):
     for record in (b"999 path=x\n", b"abc path=x\n", b"12 nokeyhere\n", b"11 size=-5\n", b"12 size=abc\n"):
         path = tmp_path / "p.tar"
         path.write_bytes(archive(member(b"pax", record, typeflag=b"x"), member(b"f", b"data")))
-        result = TAR.scan(str(path))
+        result = TAR.scan(open_shard(str(path)))
         assert result.error and "PAX" in result.error and result.members == []
 
 

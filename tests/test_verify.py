@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+from shardfs.storage import open_shard
 from shardfs.index import shard_index
 from shardfs.cli import main
 from shardfs.formats.lz4shard import FORMAT
@@ -71,7 +72,9 @@ def test_flipped_byte_in_an_lz4_block_is_a_checksum_error(sample_tree, tmp_path,
     if not with_manifest:
         os.unlink(tmp_path / "out" / "train.manifest.json")  # the block CRCs alone catch it
     name, offset, size = a_member(shards[0])
-    start, length = FORMAT.open_layout(str(shards[0]), os.path.getsize(shards[0])).raw_range(offset + size // 2, 1)
+    layout = FORMAT.open_layout(open_shard(str(shards[0])), os.path.getsize(shards[0]))
+    block = layout._blocks[(offset + size // 2) // layout.block_size]  # the block holding the member's middle
+    start, length = int(block["raw"]), int(block["stored"])
     flip(shards[0], start + length // 2)  # inside the stored bytes of the block that holds the member's middle
     code, problems, _ = verify(capsys, tmp_path / "out")
     assert code == 1

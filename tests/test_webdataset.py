@@ -12,6 +12,7 @@ import pytest
 from conftest import needs_fuse, shardfs_cmd
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
 from shardfs.index import shard_index
+from shardfs.index import store as index_store
 from shardfs import sample
 from shardfs.index import labels
 from shardfs.view import layouts
@@ -248,7 +249,7 @@ def test_labels_are_read_at_build_and_loaded_from_the_saved_index(tmp_path, monk
     shard = str(tmp_path / "s.tar")
     write_tar(shard, [("k1.jpg", b"J1"), ("k1.cls", b"7"), ("k2.jpg", b"J2"), ("k2.cls", b"x"),
                       ("k3.CLS", b" 12\n"), ("big.cls", b"1" * 40), ("k4.txt", b"5")])
-    ix, how = shard_index.load_or_build(shard)
+    ix, how = index_store.load_or_build(shard)
     assert how == "built"
     got = {ix.name(int(m)): int(v) for m, v in zip(ix.cls_member, ix.cls_value)}
     assert got == {b"k1.cls": 7, b"k2.cls": int(labels.UNPARSABLE), b"k3.CLS": 12}  # big.cls: not a label
@@ -258,7 +259,7 @@ def test_labels_are_read_at_build_and_loaded_from_the_saved_index(tmp_path, monk
 
     monkeypatch.setattr(shard_index, "build", fail)
     monkeypatch.setattr(labels, "read_labels", fail)
-    again, how = shard_index.load_or_build(shard)
+    again, how = index_store.load_or_build(shard)
     assert how == "loaded"
     assert (again.cls_member == ix.cls_member).all() and (again.cls_value == ix.cls_value).all()
 
@@ -277,12 +278,12 @@ def test_an_index_of_the_previous_version_is_rebuilt(tmp_path, monkeypatch, capl
     write_tar(shard, [("k.jpg", b"J"), ("k.cls", b"3")])
     with monkeypatch.context() as patch:
         patch.setattr(shard_index, "INDEX_VERSION", 1)
-        shard_index.load_or_build(shard)
+        index_store.load_or_build(shard)
     caplog.set_level("INFO")
-    ix, how = shard_index.load_or_build(shard)
+    ix, how = index_store.load_or_build(shard)
     assert how == "built" and ix.cls_value.tolist() == [3]
     assert "index version 1, this shardfs writes 2; rebuilding" in caplog.text
-    assert shard_index.load_or_build(shard)[1] == "loaded"
+    assert index_store.load_or_build(shard)[1] == "loaded"
 
 
 def test_tar_labels_come_with_the_scan_not_a_second_pass(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-from shardfs.storage.ram import parse_size  # noqa: E402
+from shardfs.storage.memory import parse_size  # noqa: E402
 from shardfs.service.mount import process_alive as pid_alive, stop_child  # noqa: E402
 
 MARKER_VERSION = 3

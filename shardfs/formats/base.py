@@ -12,17 +12,18 @@ For tar the logical stream is the file itself; for the lz4 format it is the
 concatenation of all uncompressed blocks. Member offsets in the index always
 point into the logical stream.
 
-``src`` is a local path or a :class:`ByteSource` (a remote object, see shardfs.storage.remote):
-formats read through ``pread`` only, so they need not know where the bytes come from.
+``src`` is a :class:`ByteSource`: a shard as shardfs.storage gives it (a local file or a remote
+object); formats read through ``pread`` only, so they need not know where the bytes come from.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import os
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Union
+from typing import Callable, Protocol
+
+from shardfs.errors import ShardfsError
+from shardfs.storage.base import ShardIOError
 
 Fetch = Callable[[int, int], bytes]
 
@@ -49,17 +50,8 @@ class MemberRecord:
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
 
 
-class ShardFormatError(Exception):
+class ShardFormatError(ShardfsError):
     """The shard is damaged or not of the format it claims; the message says where."""
-
-
-class SourceUnavailable(Exception):
-    """The shard's bytes could not be read at all (a remote object gone, changed or unreachable):
-    not damage, so nothing about the shard is recorded from a scan this stopped."""
-
-    def __init__(self, error: OSError, permanent: bool):
-        super().__init__(str(error))
-        self.error, self.permanent = error, permanent
 
 
 @dataclass(slots=True)
@@ -76,10 +68,6 @@ class DataLayout(Protocol):
         """Bytes [offset, offset+length) of the logical stream (clamped by the caller)."""
         ...
 
-    def raw_range(self, offset: int, length: int) -> tuple[int, int]:
-        """The raw byte range of the shard file that holds that logical range."""
-        ...
-
 
 class IdentityLayout:
     """Logical stream == raw file (tar)."""
@@ -87,40 +75,16 @@ class IdentityLayout:
     def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
         return fetch(offset, length)
 
-    def raw_range(self, offset: int, length: int) -> tuple[int, int]:
-        return offset, length
-
 
 class ByteSource(Protocol):
-    """Positional reads of one shard's bytes, wherever it is stored."""
+    """What a format reads a shard through: shardfs.storage.base.Shard (local or remote)."""
 
     size: int
     window: int  # how much a sequential scan should read at once (larger for remote objects)
 
     def pread(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes at ``offset`` (fewer only at the end); OSError on failure."""
+        """Up to ``length`` bytes at ``offset`` (fewer only at the end); ShardIOError on failure."""
         ...
-
-
-class FileSource:
-    """A local shard file as a ByteSource."""
-
-    window = 64 * 1024
-
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.size = os.fstat(self.fd).st_size
-
-    def pread(self, offset: int, length: int) -> bytes:
-        return os.pread(self.fd, length, offset)
-
-    def close(self) -> None:
-        # Read once to build an index: do not let those bytes crowd the page cache.
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(self.fd)
-
-
-Source = Union[str, ByteSource]
 
 
 class Window:
@@ -136,33 +100,24 @@ class Window:
         if off < 0 or off + n > len(self.buf):
             try:
                 self.start, self.buf = pos, self.src.pread(pos, max(n, self.src.window))
-            except OSError:
+            except ShardIOError as exc:
+                if exc.unavailable:
+                    raise  # not damage: the scan stops and records nothing
                 # The window may reach into a bad spot of a member's data: read just what we need.
                 try:
                     self.start, self.buf = pos, self.src.pread(pos, n)
-                except OSError as exc:
-                    raise ShardFormatError(f"read error at offset {pos}: {exc.strerror}") from None
+                except ShardIOError as exc2:
+                    if exc2.unavailable:
+                        raise
+                    raise ShardFormatError(f"read error at offset {pos}: {exc2.strerror}") from None
             off = 0
         return self.buf[off : off + n]
-
-
-@contextlib.contextmanager
-def open_source(src: Source) -> Iterator[ByteSource]:
-    """A ByteSource for a path (opened and closed here) or the ByteSource given."""
-    if not isinstance(src, str):
-        yield src
-        return
-    source = FileSource(src)
-    try:
-        yield source
-    finally:
-        source.close()
 
 
 class ShardFormat(Protocol):
     name: str
     suffixes: tuple[str, ...]
 
-    def scan(self, src: Source) -> ScanResult: ...
+    def scan(self, src: ByteSource) -> ScanResult: ...
 
-    def open_layout(self, src: Source, size: int) -> DataLayout: ...
+    def open_layout(self, src: ByteSource, size: int) -> DataLayout: ...

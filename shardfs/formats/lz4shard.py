@@ -31,7 +31,8 @@ from typing import BinaryIO
 import lz4.block
 import numpy as np
 
-from shardfs.formats.base import ByteSource, Fetch, Kind, MemberRecord, ScanResult, ShardFormatError, Source, open_source
+from shardfs.formats.base import ByteSource, Fetch, Kind, MemberRecord, ScanResult, ShardFormatError
+from shardfs.storage.base import ShardIOError
 
 SUFFIX = ".lz4shard"
 MAGIC = b"LZ4SHARD"  # header, offset 0
@@ -251,8 +252,10 @@ class _Index:
 def _read_at(f: ByteSource, offset: int, length: int) -> bytes:
     try:
         data = f.pread(offset, length)
-    except OSError as exc:
-        raise ShardFormatError(f"read error at offset {offset}: {exc.strerror or exc}") from None
+    except ShardIOError as exc:
+        if exc.unavailable:
+            raise  # not damage: the scan stops and records nothing
+        raise ShardFormatError(f"read error at offset {offset}: {exc.strerror}") from None
     if len(data) != length:
         raise ShardFormatError(f"truncated (wanted {length} bytes at {offset}, got {len(data)})")
     return data
@@ -425,14 +428,6 @@ class Lz4Layout:
             )
         return range(offset // self.block_size, (offset + length - 1) // self.block_size + 1)
 
-    def raw_range(self, offset: int, length: int) -> tuple[int, int]:
-        if length == 0:
-            return 0, 0
-        blocks = self._blocks_for(offset, length)
-        start = int(self._blocks[blocks[0]]["raw"])
-        last = self._blocks[blocks[-1]]
-        return start, int(last["raw"]) + int(last["stored"]) - start
-
     def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
         if length == 0:
             return b""
@@ -474,7 +469,7 @@ class Lz4ShardFormat:
     name = "lz4"
     suffixes = (SUFFIX,)
 
-    def scan(self, src: Source) -> ScanResult:
+    def scan(self, src: ByteSource) -> ScanResult:
         """Members from the footer and tables; the data blocks are never read.
 
         Like the tar format, damage is reported in ``ScanResult.error`` rather
@@ -486,18 +481,15 @@ class Lz4ShardFormat:
         except ShardFormatError as exc:
             return ScanResult(members=[], warnings=[], error=str(exc))
 
-    def read_members(self, src: Source) -> list[MemberRecord]:
+    def read_members(self, src: ByteSource) -> list[MemberRecord]:
         """The strict form of scan(): raises ShardFormatError on any damage."""
-        with open_source(src) as f:
-            idx = _load_index(f, f.size)
-            return _load_members(f, idx)
+        return _load_members(src, _load_index(src, src.size))
 
-    def open_layout(self, src: Source, size: int) -> Lz4Layout:
+    def open_layout(self, src: ByteSource, size: int) -> Lz4Layout:
         """``size`` is the shard's file size as recorded at scan time; a changed file is refused."""
-        with open_source(src) as f:
-            if f.size != size:
-                raise ShardFormatError(f"file is {f.size} bytes, expected {size} (shard changed?)")
-            idx = _load_index(f, size)
+        if src.size != size:
+            raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
+        idx = _load_index(src, size)
         return Lz4Layout(idx.block_size, idx.logical_size, idx.blocks)
 
 

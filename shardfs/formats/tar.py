@@ -9,8 +9,8 @@ numbers) and PAX (path, linkpath, size, mtime; global headers).
 
 from __future__ import annotations
 
-from shardfs.formats.base import (SMALL_DATA, IdentityLayout, Kind, MemberRecord, ScanResult, ShardFormatError, Source, Window,
-                   open_source)
+from shardfs.formats.base import (SMALL_DATA, ByteSource, IdentityLayout, Kind, MemberRecord, ScanResult,
+                                  ShardFormatError, Window)
 
 BLOCK = 512
 MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record larger than this is hostile
@@ -76,17 +76,16 @@ class TarFormat:
     name = "tar"
     suffixes = (".tar",)
 
-    def open_layout(self, src: Source, size: int) -> IdentityLayout:
+    def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
         return IdentityLayout()
 
-    def scan(self, src: Source) -> ScanResult:
-        with open_source(src) as source:
-            result = ScanResult(members=[], warnings=[])
-            try:
-                self._scan(Window(source), source.size, result)
-            except ShardFormatError as exc:
-                result.error = str(exc)
-            return result
+    def scan(self, src: ByteSource) -> ScanResult:
+        result = ScanResult(members=[], warnings=[])
+        try:
+            self._scan(Window(src), src.size, result)
+        except ShardFormatError as exc:
+            result.error = str(exc)
+        return result
 
     def _scan(self, win: Window, size: int, result: ScanResult) -> None:
         pos = 0

@@ -1,4 +1,5 @@
-"""FUSE operations: translation only. Lookups go to the Tree, reads to the MemberReader.
+"""FUSE operations over a dataset view: lookups and listings from the Tree, reads through
+view.reader and the RAM cache, figures through an xattr of the root; every write is EROFS.
 
 Tuned for immutable data (see README, "How it works"): ``open`` and ``flush``
 answer ENOSYS so the kernel stops sending OPEN/RELEASE/FLUSH (zero-message
@@ -9,21 +10,20 @@ handle and works from the path.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import logging
 import os
 import stat
-import threading
 from typing import Callable
 
 from shardfs.index import names
+from shardfs.formats import format_for
 from shardfs.formats.base import Kind, ShardFormatError
 from shardfs.fuse.lib import load as load_fuse
 from shardfs.view.dataset import Dataset
 from shardfs.view.reader import Fetcher, read_member
-from shardfs.storage.local import ShardIOError
+from shardfs.storage.base import ShardIOError
 from shardfs.fuse.stats import STATS_XATTR, Stats
 from shardfs.view.tree import inode_number
 
@@ -40,62 +40,7 @@ XATTR_FORMAT = "user.shardfs.format"
 
 
 _SYMLINK = int(Kind.SYMLINK)  # a plain int: enum attribute lookups cost on every getattr
-FILL_DIR_PLUS = 2  # libfuse3's FUSE_FILL_DIR_PLUS
-READDIR_PLUS = 1  # libfuse3's FUSE_READDIR_PLUS
 CAP_READDIRPLUS, CAP_READDIRPLUS_AUTO = 1 << 13, 1 << 14  # libfuse3's FUSE_CAP_READDIRPLUS(_AUTO)
-
-
-_thread_state = threading.local()
-
-
-def _keep_thread_state() -> None:
-    """Keep this libfuse worker thread's Python thread state between requests.
-
-    ctypes enters a callback from a foreign thread with PyGILState_Ensure and leaves with
-    PyGILState_Release, which creates and destroys a thread state every time (an mmap and
-    munmap plus setup, measured as ~7% of the daemon's CPU in a cold epoch). One extra
-    Ensure, never released, keeps the count above zero, so the state lives as long as the
-    thread; libfuse keeps its workers, so only a handful are ever made."""
-    ctypes.pythonapi.PyGILState_Ensure()
-    _thread_state.kept = True
-
-
-class PlusFUSE(fuse.FUSE):
-    """mfusepy's FUSE, with readdirplus. mfusepy hands libfuse only each entry's mode and
-    inode, without offsets, and libfuse then sends the kernel no attributes. Here every entry
-    goes with its full attributes, its offset and FUSE_FILL_DIR_PLUS, so a listing (ImageFolder's
-    scan) also fills the kernel's entry and attribute caches: opening a file later costs no
-    LOOKUP, one FUSE request per file instead of two."""
-
-    def _wrapper(self, func, *args, **kwargs):
-        if not getattr(_thread_state, "kept", False):
-            _keep_thread_state()
-        return super()._wrapper(func, *args, **kwargs)
-
-    def read(self, path, buf, size, offset, fip) -> int:
-        # As mfusepy's, but a memoryview of the RAM cache is copied straight into libfuse's
-        # buffer: no bytes object in between (one copy of every byte served saved).
-        data = self.operations.read(None if path is None else path.decode(self.encoding, self.errors), size,
-                                    offset, None)
-        n = len(data)
-        if n > size:
-            raise RuntimeError(f"read returned {n} bytes, more than the {size} asked for")
-        if n:
-            src = ctypes.addressof(ctypes.c_char.from_buffer(data)) if isinstance(data, memoryview) else data
-            ctypes.memmove(buf, src, n)
-        return n
-
-    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags) -> int:
-        plus = FILL_DIR_PLUS if flags & READDIR_PLUS else 0
-        st = fuse.c_stat()
-        entries = self.operations.listing(path.decode(self.encoding, self.errors))
-        for index in range(offset, len(entries)):
-            name, attrs = entries.entry(index)
-            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-            fuse.set_st_attrs(st, attrs, use_ns=True)
-            if filler(buf, name, st, index + 1, plus) != 0:
-                break  # the kernel's buffer is full: it asks again from this offset
-        return 0
 
 
 class Listing:
@@ -282,7 +227,7 @@ class ShardFS(fuse.Operations):
             if name == XATTR_OFFSET:
                 return str(int(tree.offset[m])).encode()
             if name == XATTR_FORMAT:
-                return shard.format_name.encode()
+                return format_for(shard.path).name.encode()
         raise fuse.FuseOSError(errno.ENODATA)
 
     # ---- data ------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from shardfs.errors import ShardfsError
+
 MAX_NAME = 255  # NAME_MAX of Linux: a longer component cannot be looked up anyway
 MAX_PATH = 4095
 
 
-class BadName(ValueError):
+class BadName(ShardfsError, ValueError):
     pass
 
 

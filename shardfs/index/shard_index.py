@@ -1,30 +1,29 @@
 """The index of one shard: compact numpy arrays of its members, persisted beside it.
 
-An index is built once per shard (scan its headers, vet its names) and saved as
-an uncompressed ``.npz`` so that a remount only maps a few arrays back in. It is
-valid while the shard's size and mtime are those it was built from.
+An index is built once per shard (scan its headers, vet its names) and saved as an
+uncompressed ``.npz``, so a remount reads a few arrays back (np.load copies them into
+memory: a few seconds for a million members) instead of scanning the shard. It is valid
+while the shard's size and mtime (remote: size and tag) are those it was built from.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import logging
-import os
-import tempfile
-import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardfs.errors import ShardfsError
 from shardfs.index import labels
 from shardfs.index import names
 from shardfs.atomic import atomic_file
 from shardfs.formats import ShardFormatError, format_for
-from shardfs.formats.base import Kind, Window, open_source
-from shardfs.view.sources import is_url
+from shardfs.formats.base import Kind, Window
+from shardfs.storage import open_shard
+from shardfs.storage.base import Shard
 
 log = logging.getLogger(__name__)
 
@@ -72,23 +71,21 @@ class ShardIndex:
         return self.names[start : int(self.name_end[i])]
 
 
-def build(shard_path: str, obj=None) -> ShardIndex:
-    """Scan a shard and vet every member name. Damage is recorded, never raised.
-
-    ``obj``: the remote object (shardfs.storage.remote.ObjectInfo) when ``shard_path`` is a URL; it is
-    scanned through 8 MiB ranged reads, conditional on its tag."""
-    fmt = format_for(shard_path)
+def build(shard: Shard | str) -> ShardIndex:
+    """Scan a shard (or the shard at a path or URL) and vet every member name. Damage is
+    recorded, never raised; a shard that cannot be read at all raises ShardIOError
+    (``unavailable``) and nothing is recorded."""
+    if isinstance(shard, str):
+        opened = open_shard(shard)
+        try:
+            return build(opened)
+        finally:
+            opened.close()
+    fmt = format_for(shard.path)
     if fmt is None:
-        raise ValueError(f"{shard_path}: not a known shard type")
-    if obj is None:
-        st = os.stat(shard_path)
-        size, mtime_ns, tag, src = st.st_size, st.st_mtime_ns, "", shard_path
-    else:
-        from shardfs.storage.remote import RemoteSource
-
-        size, mtime_ns, tag, src = obj.size, obj.mtime_ns, obj.tag, RemoteSource(obj)
-    result = fmt.scan(src)
-    shown = os.path.basename(shard_path)
+        raise ValueError(f"{shard.path}: not a known shard type")
+    result = fmt.scan(shard)
+    shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
     # Vet names; a later member of the same name replaces an earlier one (tar semantics).
@@ -128,8 +125,8 @@ def build(shard_path: str, obj=None) -> ShardIndex:
     wanted = [i for i, rec in enumerate(members) if rec.kind == Kind.FILE and labels.is_label_member(rec.path, rec.size)]
     if wanted:  # only WebDataset-style shards pay for this
         try:
-            cls_member, cls_value = _read_labels(src, fmt, size, members, wanted, offsets, sizes)
-        except (OSError, ShardFormatError) as exc:
+            cls_member, cls_value = _read_labels(shard, fmt, members, wanted, offsets, sizes)
+        except ShardFormatError as exc:
             warnings.append(f"{shown}: cannot read its .cls labels: {exc}")
     dir_ids: dict[bytes, int] = {}
     parent = np.empty(len(members), dtype=np.uint32)
@@ -138,9 +135,9 @@ def build(shard_path: str, obj=None) -> ShardIndex:
     name_list = [rec.path for rec in members]
     return ShardIndex(
         format=fmt.name,
-        shard_size=size,
-        shard_mtime_ns=mtime_ns,
-        shard_tag=tag,
+        shard_size=shard.size,
+        shard_mtime_ns=shard.mtime_ns,
+        shard_tag=getattr(shard, "tag", ""),
         names=b"".join(name_list),
         name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
         kind=np.array([rec.kind for rec in members], dtype=np.uint8),
@@ -159,16 +156,15 @@ def build(shard_path: str, obj=None) -> ShardIndex:
     )
 
 
-def _read_labels(src, fmt, size: int, members: list, wanted: list[int], offsets, sizes):
+def _read_labels(shard: Shard, fmt, members: list, wanted: list[int], offsets, sizes):
     """Labels as the scan kept them with their headers (tar: no second pass over the shard);
     else read through the format's layout (lz4: whole blocks), in data order through forward
     windows: from a remote object that is 8 MiB ranged reads, not one request per label."""
     if all(members[i].small is not None for i in wanted):
         return labels.from_bytes(wanted, [members[i].small for i in wanted])
-    with open_source(src) as source:
-        layout = fmt.open_layout(source, size)
-        window = Window(source)
-        return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, window.get))
+    layout = fmt.open_layout(shard, shard.size)
+    window = Window(shard)
+    return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, window.get))
 
 
 _ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
@@ -202,7 +198,7 @@ def save(index: ShardIndex, path: str) -> None:
         np.savez(out, **arrays)
 
 
-class OutdatedIndex(ValueError):
+class OutdatedIndex(ShardfsError, ValueError):
     """Written by another shardfs version: rebuilt, not an error."""
 
 
@@ -224,114 +220,3 @@ def load(path) -> ShardIndex:
             error=meta["error"],
             **{name: npz[name] for name in _ARRAYS},
         )
-
-
-def cache_dir() -> str:
-    """$XDG_CACHE_HOME/shardfs, else ~/.cache/shardfs; a private folder in /tmp for users
-    without a usable home (system accounts, some batch setups)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    preferred = os.path.join(base, "shardfs")
-    try:
-        os.makedirs(preferred, exist_ok=True)
-        if os.access(preferred, os.W_OK):
-            return preferred
-    except OSError:
-        pass
-    fallback = os.path.join(tempfile.gettempdir(), f"shardfs-{os.getuid()}")
-    os.makedirs(fallback, mode=0o700, exist_ok=True)
-    return fallback
-
-
-def cached_path(key: str, index_dir: str | None = None) -> str:
-    """The index's file in the cache directory, for a shard's real path or URL."""
-    tag = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(index_dir or cache_dir(), f"{os.path.basename(key)}.{tag}{INDEX_SUFFIX}")
-
-
-def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
-    """Where an index may live: beside the shard first, then in the cache directory."""
-    real = os.path.realpath(shard_path)
-    return [real + INDEX_SUFFIX, cached_path(real, index_dir)]
-
-
-def is_current(index: ShardIndex, st: os.stat_result) -> bool:
-    return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns
-
-
-def _try_load(path, shown: str | None = None) -> ShardIndex | None:
-    try:
-        return load(path)
-    except FileNotFoundError:
-        return None
-    except OutdatedIndex as exc:
-        log.info("index %s: %s; rebuilding", shown or path, exc)
-        return None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        log.warning("ignoring unreadable index %s: %s", shown or path, exc)
-        return None
-
-
-def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
-                how: str = "built") -> tuple[ShardIndex, str]:
-    """Save in the first candidate place that takes it; ``how`` the index was obtained."""
-    for path in candidates:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            save(index, path)
-            index.stored_at = path
-            return index, how
-        except OSError:
-            continue
-    log.warning("%s: could not save its index anywhere (%s)", shard_path, ", ".join(candidates))
-    return index, f"{how}, not saved"
-
-
-def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
-    """A remote shard's index: from the local cache (keyed by URL), else from beside the object
-    (``URL.shardfs-idx``, copied into the cache), else built by streaming the object once.
-    Valid while the object's size and ETag (or Last-Modified) are those it was built from."""
-    from shardfs.storage import remote
-
-    obj = remote.known_info(url)
-    cached = cached_path(url, index_dir)
-    if not rebuild:
-        index = _try_load(cached)
-        if index is not None and (index.shard_size, index.shard_tag) == (obj.size, obj.tag):
-            index.stored_at = cached
-            return index, "loaded"
-        if index is not None:
-            log.info("index %s is stale (%s changed); rebuilding", cached, url)
-        beside = url + INDEX_SUFFIX
-        data = None
-        if remote.may_exist(beside):
-            try:
-                data = remote.read_whole(beside)
-            except remote.RemoteError as exc:
-                log.warning("cannot fetch %s (%s): building the index instead", beside, exc)
-        index = _try_load(io.BytesIO(data), beside) if data else None
-        # An index written by `shardfs index`/`pack` and uploaded with the shard knows the
-        # local file's size and mtime, not the object's tag: its size must match.
-        if index is not None and index.shard_size == obj.size and index.shard_tag in ("", obj.tag):
-            index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
-            return _save_first(index, [cached], url, how="loaded")
-        if index is not None:
-            log.info("index %s does not match %s (size or tag differ); building one", beside, url)
-    return _save_first(build(url, obj), [cached], url)
-
-
-def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
-    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved")."""
-    if is_url(shard_path):
-        return load_or_build_remote(shard_path, index_dir, rebuild)
-    st = os.stat(shard_path)
-    candidates = candidate_paths(shard_path, index_dir)
-    if not rebuild:
-        for path in candidates:
-            index = _try_load(path)
-            if index is None:
-                continue
-            if is_current(index, st):
-                index.stored_at = path
-                return index, "loaded"
-            log.info("index %s is stale (shard changed); rebuilding", path)
-    return _save_first(build(shard_path), candidates, shard_path)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from shardfs.index import names
 from shardfs.errors import UsageError
+from shardfs.view.layouts import check_component
 
 
 @dataclass(slots=True)
@@ -48,12 +49,6 @@ def check_name(name: str) -> str:
             raise names.BadName("is not in normal form (a/b/c)")
     except names.BadName as why:
         raise UsageError(f"member path {names.show(raw)!r} {why}") from None
-    return name
-
-
-def check_component(name: str, what: str) -> str:
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise UsageError(f"{what} {name!r} cannot be a folder name")
     return name
 
 
@@ -162,23 +157,6 @@ def read_mapping(path: str) -> list[tuple[str, int | str]]:
             raise UsageError(f"{path}:{n}: expected 'path label', got {line!r}")
         pairs.append((parts[0], _label(parts[1], f"{path}:{n}")))
     return pairs
-
-
-def read_classes(path: str) -> list[str]:
-    """Class names, one per line: label i is line i (counting from 0)."""
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    while lines and not lines[-1].strip():
-        lines.pop()
-    classes = [line.strip() for line in lines]
-    for n, name in enumerate(classes, 1):
-        check_component(name, f"{path}:{n}: class")
-    if len(set(classes)) != len(classes):
-        raise UsageError(f"{path}: a class name appears twice")
-    return classes
 
 
 def class_folders(labels: list[int | str], classes: list[str] | None, where: str = "") -> list[str]:

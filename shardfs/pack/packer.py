@@ -35,6 +35,7 @@ from shardfs.index.shard_index import INDEX_SUFFIX
 from shardfs.pack.inputs import Member
 from shardfs.pack.samples import sample_key
 from shardfs.pack.writers import SUFFIXES, PackError, ShardInfo, SizeBound, write_shard
+from shardfs.view.layouts import read_classes
 
 __all__ = ["PackOptions", "PackSummary", "PackError", "pack_members", "pack_path", "pack_dataset", "plan"]
 
@@ -327,7 +328,7 @@ def pack_path(src: str, out_dir: str, opts: PackOptions, classes: str | None = N
         source = {"kind": "directory", "name": os.path.basename(os.path.normpath(os.path.abspath(src))),
                   "classes": None}
     elif os.path.isfile(src):
-        class_list = packinput.read_classes(classes) if classes else None
+        class_list = read_classes(classes) if classes else None
         members = packinput.from_mapping(src, root, class_list, under, opts.mtime)
         source = {"kind": "mapping", "name": os.path.basename(src),
                   "classes": os.path.basename(classes) if classes else None}

@@ -23,7 +23,8 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from shardfs.errors import UsageError
-from shardfs.pack.inputs import Member, check_component, check_name, class_folders, file_mode, join
+from shardfs.pack.inputs import Member, check_name, class_folders, file_mode, join
+from shardfs.view.layouts import check_component
 
 CHUNK = 256  # samples per spool file (fixed: output must not depend on --workers)
 

@@ -11,10 +11,13 @@ Per shard:
   a shard that no manifest of its directory lists, or a listed shard missing on disk, is a
   problem too;
 * with ``decode``: every member with an image extension is opened with Pillow and loaded.
+
+Shards may be URLs (s3://, http(s)://): they are read through the same storage layer as a mount.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import sys
@@ -29,10 +32,13 @@ from shardfs.index import names
 from shardfs.errors import UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import Kind
+from shardfs.storage import open_shard
+from shardfs.storage.base import ShardIOError, is_url
 from shardfs.view.sources import find_shards
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 MAX_NAMED = 3  # members named per bad block
+DIGEST_WINDOW = 8 << 20
 
 
 @dataclass
@@ -76,19 +82,30 @@ def _affected(ix, start: int, end: int) -> str:
 
 
 def check_shard(path: str, decode: bool = False, expected: dict | None = None) -> ShardReport:
-    """Every check of one shard; ``expected`` is its manifest entry, if any."""
+    """Every check of one shard (a file or a URL); ``expected`` is its manifest entry, if any."""
     from shardfs.index import shard_index
-    from shardfs.pack.writers import sha256_file
 
     shown = os.path.basename(path)
     report = ShardReport(path)
     bad = report.problems.append
     try:
-        report.size = os.stat(path).st_size
-        ix = shard_index.build(path)
-    except OSError as exc:
+        shard = open_shard(path)
+        report.size = shard.size
+        ix = shard_index.build(shard)
+    except OSError as exc:  # ShardIOError too
         bad(f"{shown}: cannot read: {exc.strerror or exc}")
         return report
+    try:
+        _check_members(shard, ix, report, decode, expected)
+    except ShardIOError as exc:
+        bad(f"{shown}: cannot read: {exc}")
+    finally:
+        shard.close()
+    return report
+
+
+def _check_members(shard, ix, report: ShardReport, decode: bool, expected: dict | None) -> None:
+    shown, bad = shard.name, report.problems.append
     report.members = len(ix)
     report.problems.extend(ix.warnings)
     if ix.error:
@@ -99,36 +116,37 @@ def check_shard(path: str, decode: bool = False, expected: dict | None = None) -
             bad(f"{shown}: {report.size} bytes, the manifest says {expected['size']}")
         if not ix.error and expected.get("members") not in (None, len(ix)):
             bad(f"{shown}: {len(ix)} members, the manifest says {expected['members']}")
-        digest = sha256_file(path)
+        digest = _sha256(shard)
         if digest != expected["sha256"]:
             bad(f"{shown}: sha256 mismatch (file {digest[:16]}..., manifest {expected['sha256'][:16]}...)")
 
     if ix.error and not len(ix):
-        return report
-    fmt = format_for(path)
+        return
     try:
-        layout = fmt.open_layout(path, report.size)
+        layout = format_for(shard.path).open_layout(shard, report.size)
     except ShardFormatError as exc:
         bad(f"{shown}: {exc}")
-        return report
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fetch = lambda off, n: os.pread(fd, n, off)  # noqa: E731
-        bad_ranges = []
-        block_size = getattr(layout, "block_size", None)
-        if block_size:  # lz4: read (CRC-check and decompress) every block
-            for start in range(0, layout.logical_size, block_size):
-                end = min(start + block_size, layout.logical_size)
-                try:
-                    layout.read(start, end - start, fetch)
-                except ShardFormatError as exc:
-                    bad(f"{shown}: {exc}{_affected(ix, start, end)}")
-                    bad_ranges.append((start, end))
-        if decode:
-            _decode_members(ix, layout, fetch, bad_ranges, shown, bad)
-    finally:
-        os.close(fd)
-    return report
+        return
+    fetch = shard.pread
+    bad_ranges = []
+    block_size = getattr(layout, "block_size", None)
+    if block_size:  # lz4: read (CRC-check and decompress) every block
+        for start in range(0, layout.logical_size, block_size):
+            end = min(start + block_size, layout.logical_size)
+            try:
+                layout.read(start, end - start, fetch)
+            except ShardFormatError as exc:
+                bad(f"{shown}: {exc}{_affected(ix, start, end)}")
+                bad_ranges.append((start, end))
+    if decode:
+        _decode_members(ix, layout, fetch, bad_ranges, shown, bad)
+
+
+def _sha256(shard) -> str:
+    digest = hashlib.sha256()
+    for offset in range(0, shard.size, DIGEST_WINDOW):
+        digest.update(shard.pread(offset, DIGEST_WINDOW))
+    return digest.hexdigest()
 
 
 def _decode_members(ix, layout, fetch, bad_ranges, shown, bad) -> None:
@@ -190,14 +208,14 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
         bad_shards.add(shard)
         report(line)
 
-    dirs = sorted({os.path.abspath(s) for s in sources if os.path.isdir(s)})
+    dirs = sorted({os.path.abspath(s) for s in sources if not is_url(s) and os.path.isdir(s)})
     try:
         paths = find_shards(sources)
     except UsageError:
         if not any(manifests.find(d) for d in dirs):
             raise
         paths = []  # a directory whose manifest lists shards that are all gone: report them
-    dirs = sorted(set(dirs) | {os.path.dirname(p) for p in paths})
+    dirs = sorted(set(dirs) | {os.path.dirname(p) for p in paths if not is_url(p)})  # manifests: local only
     expected, by_dir = _manifest_expectations(dirs, problem)
     for p in paths:
         if p not in expected and by_dir.get(os.path.dirname(p)):
@@ -205,7 +223,7 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
 
     jobs = [(p, decode, expected.get(p)) for p in paths]
     workers = min(workers or min(8, os.cpu_count() or 1), max(len(jobs), 1))
-    total = sum(os.path.getsize(p) for p in paths)
+    total = sum(os.path.getsize(p) for p in paths if not is_url(p))
     shards = members = nbytes = 0
     emit = tqdm.write if report is print else report  # tqdm.write keeps the bar intact
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,

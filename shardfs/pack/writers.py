@@ -19,7 +19,8 @@ import tarfile
 from dataclasses import dataclass
 from typing import Callable
 
-from shardfs.index import shard_index
+from shardfs.errors import ShardfsError
+from shardfs.index import store as index_store
 from shardfs.pack.inputs import Member
 
 TAR_BLOCK = 512
@@ -29,7 +30,7 @@ SUFFIXES = {"tar": ".tar", "lz4": ".lz4shard"}
 Progress = Callable[[int, int], None]  # (files, bytes) just written
 
 
-class PackError(Exception):
+class PackError(ShardfsError):
     """Writing failed (a source changed or vanished, a disk error); the message says which file."""
 
 
@@ -81,10 +82,6 @@ class SizeBound:
         if self.fmt == "tar":
             return tar_member_bytes(m), 0
         return m.size, len(m.key)
-
-    def with_member(self, m: Member) -> int:
-        body, names = self._cost(m)
-        return self._total(self.count + 1, self.body + body, self.names + names)
 
     def with_members(self, ms: list[Member]) -> int:
         costs = [self._cost(m) for m in ms]
@@ -181,7 +178,7 @@ def write_shard(path: str, fmt: str, members: list[Member], block_size: int = 1 
         except FileNotFoundError:
             pass
         raise
-    ix, _how = shard_index.load_or_build(path, rebuild=True)
+    ix, _how = index_store.load_or_build(path, rebuild=True)
     if ix.error or ix.warnings or len(ix) != len(members):
         raise PackError(f"{path}: the shard just written does not read back: "
                         f"{ix.error or '; '.join(ix.warnings) or f'{len(ix)} of {len(members)} members'}")

@@ -21,10 +21,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+from shardfs.errors import ShardfsError
 from shardfs.service.mount import force_unmount
 
 
-class MountError(RuntimeError):
+class MountError(ShardfsError, RuntimeError):
     """``shardfs mount`` failed; the message is what it printed."""
 
 

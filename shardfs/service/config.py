@@ -13,7 +13,8 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 
-from shardfs.storage.ram import PREFETCH_POLICIES, parse_size
+from shardfs.storage.memory import parse_size
+from shardfs.storage.ram import PREFETCH_POLICIES
 from shardfs.errors import UsageError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -122,7 +123,7 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
     if cfg.class_names is not None:
         if cfg.layout != "imagefolder":
             raise fail("class_names", "applies to layout imagefolder only")
-        from shardfs.pack.inputs import read_classes
+        from shardfs.view.layouts import read_classes
 
         try:  # here, so that `shardfs mount` fails before starting a daemon
             read_classes(cfg.class_names)

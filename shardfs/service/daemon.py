@@ -20,7 +20,8 @@ import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
 from shardfs.storage import remote
-from shardfs.storage.ram import ShardCache, default_budget, parse_size
+from shardfs.storage.memory import default_budget, parse_size
+from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
 from shardfs.fuse.stats import Stats
@@ -71,7 +72,8 @@ class Daemon:
         self.layout = layouts.from_options(cfg.layout, cfg.class_names)  # read once: a rescan keeps it
 
     def serve(self) -> int:
-        from shardfs.fuse.ops import PlusFUSE, ShardFS  # imports libfuse: keep `shardfs index` etc. usable without it
+        from shardfs.fuse.glue import PlusFUSE  # imports libfuse: keep `shardfs index` etc. usable without it
+        from shardfs.fuse.ops import ShardFS
 
         _raise_fd_limit()
         opts = self.opts

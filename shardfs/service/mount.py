@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from shardfs.index import shard_index
+from shardfs.dirs import cache_dir
 from shardfs.service.config import MountConfig, storage_env, to_args
 from shardfs.errors import UsageError
 from shardfs.fuse.lib import check_can_mount
@@ -65,7 +65,7 @@ def default_log_file(mountpoint: str) -> str:
     real = os.path.realpath(mountpoint)
     tag = hashlib.sha256(real.encode()).hexdigest()[:8]
     name = os.path.basename(real.rstrip("/")) or "root"
-    return os.path.join(shard_index.cache_dir(), "logs", f"{name}-{tag}.log")
+    return os.path.join(cache_dir(), "logs", f"{name}-{tag}.log")
 
 
 def mount_detached(cfg: MountConfig) -> int:

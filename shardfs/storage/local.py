@@ -1,4 +1,5 @@
-"""Open shard files: lazily opened descriptors, checked against their index, positional reads."""
+"""A shard that is a local (or network-mounted) file: lazily opened descriptors, positional
+reads checked against the file the index was built from, O_DIRECT for whole-chunk loads."""
 
 from __future__ import annotations
 
@@ -6,67 +7,39 @@ import errno
 import logging
 import mmap
 import os
-import threading
 
-from shardfs.formats import format_for
-from shardfs.formats.base import DataLayout, ShardFormatError, Source, SourceUnavailable
+from shardfs.storage.base import Shard, ShardIOError
 
 log = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
 
 
-class ShardIOError(Exception):
-    """A read from a shard failed; the FUSE layer answers EIO and the message is logged once."""
-
-
-class Shard:
-    """A local shard file. (shardfs.storage.remote.RemoteShard: one in object storage or on an HTTP server.)"""
-
-    remote = False
-
-    def __init__(self, path: str, size: int, mtime_ns: int):
-        self.path, self.size, self.mtime_ns = path, size, mtime_ns
-        self.name = os.path.basename(path)
-        self.format_name = format_for(path).name
-        self.broken: str | None = None
-        self.index_path: str | None = None  # where its index was loaded from or saved to
-        self.io_errors = 0
+class LocalShard(Shard):
+    def __init__(self, path: str, size: int, mtime_ns: int, sequential: bool = False):
+        """``sequential``: read front to back once (an index scan), so the kernel's readahead
+        helps and the pages are dropped at close; otherwise reads are random (serving)."""
+        super().__init__(path, size, mtime_ns)
+        self.sequential = sequential
         self._fd: int | None = None
         self._dfd: int | None = None  # O_DIRECT descriptor for whole-chunk loads
         self._no_direct = False
-        self._layout: DataLayout | None = None
-        self._lock = threading.RLock()  # _fail is called with it held
 
-    def _fail(self, why: str) -> ShardIOError:
-        """The shard is unusable for good (changed, truncated, gone): all its files answer EIO."""
-        with self._lock:
-            if self.broken is None:
-                self.broken = why
-                log.error("%s: %s; its files now answer EIO", self.path, why)
-        return ShardIOError(f"{self.path}: {why}")
+    @classmethod
+    def open(cls, path: str) -> LocalShard:
+        """The file as it is now, for a scan (OSError if it cannot be stat'ed)."""
+        st = os.stat(path)
+        return cls(path, st.st_size, st.st_mtime_ns, sequential=True)
 
-    def _io_error(self, offset: int, exc: OSError) -> ShardIOError:
-        """A read failed (EIO from storage): this read answers EIO; the next one tries again."""
-        with self._lock:
-            self.io_errors += 1
-            if self.io_errors <= 10 or self.io_errors % 1000 == 0:
-                log.error("%s: read error at offset %d: %s (%d so far; reads of it are retried)",
-                          self.path, offset, exc.strerror, self.io_errors)
-        return ShardIOError(f"{self.path}: read error at offset {offset}: {exc.strerror}")
-
-    def changed_on_disk(self) -> bool:
+    def changed(self) -> bool:
         try:
             st = os.stat(self.path)
         except OSError:
             return True
         return (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns)
 
-    def mark_broken(self, why: str) -> None:
-        self._fail(why)
-
     def fd(self) -> int:
         if self.broken:
-            raise ShardIOError(self.broken)
+            raise ShardIOError(self.broken, unavailable=True, permanent=True)
         if self._fd is not None:
             return self._fd
         with self._lock:
@@ -78,10 +51,11 @@ class Shard:
                         log.error("%s: cannot open: %s; raise the open-files limit (LimitNOFILE, ulimit -n)",
                                   self.path, exc.strerror)
                         raise ShardIOError(f"{self.path}: {exc.strerror}") from None
-                    raise self._fail(f"cannot open: {exc.strerror}") from None
-                # We read in large chunks or exactly one member: kernel readahead beyond that
-                # would only read bytes twice (measured: +13% storage traffic without this).
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    raise self.mark_broken(f"cannot open: {exc.strerror}") from None
+                if not self.sequential:
+                    # We read in large chunks or exactly one member: kernel readahead beyond that
+                    # would only read bytes twice (measured: +13% storage traffic without this).
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fd = fd
         return self._fd
 
@@ -90,28 +64,24 @@ class Shard:
         # a shard rewritten in place must give EIO, never other bytes at the old offsets.
         st = os.fstat(fd)
         if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
-            raise self._fail("changed since its index was built (size or mtime differ)")
+            raise self.mark_broken("changed since its index was built (size or mtime differ)")
 
-    def pread(self, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes at ``offset``, or ShardIOError."""
+    def _pread(self, offset: int, length: int) -> bytes:
         fd = self.fd()
         self._check_unchanged(fd)
         try:
             data = os.pread(fd, length, offset)
         except OSError as exc:
-            raise self._io_error(offset, exc) from None
+            raise self.read_failed(offset, exc.strerror) from None
         if len(data) != length:
-            raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
+            raise self.mark_broken(f"short read at offset {offset} (truncated since its index was built?)")
         return data
 
     def read_into(self, buf: memoryview, offset: int, length: int) -> None:
-        """Fill ``buf[offset:offset+length]`` with the shard's bytes there (no copy), or ShardIOError.
-
-        ``buf`` is page-aligned and holds the whole shard rounded up to a page, and ``offset`` is
-        a multiple of the page size: then the read bypasses the page cache (O_DIRECT), which
-        saves a copy and keeps the node from holding the bytes twice. Where the filesystem
-        refuses O_DIRECT, an ordinary read whose pages are dropped afterwards does the same job.
-        """
+        """As Shard.read_into, without a copy: ``buf`` is page-aligned and ``offset`` a multiple of
+        the page size, so the read bypasses the page cache (O_DIRECT), which saves a copy and keeps
+        the node from holding the bytes twice. Where the filesystem refuses O_DIRECT, an ordinary
+        read whose pages are dropped afterwards does the same job."""
         fd = self.fd()
         self._check_unchanged(fd)
         direct = self._direct_fd() if offset % PAGE == 0 else None
@@ -122,9 +92,9 @@ class Shard:
             if direct is not None and exc.errno == errno.EINVAL:  # O_DIRECT not supported after all
                 self._no_direct = True
                 return self.read_into(buf, offset, length)
-            raise self._io_error(offset, exc) from None
+            raise self.read_failed(offset, exc.strerror) from None
         if got < length:
-            raise self._fail(f"short read at offset {offset} (truncated since its index was built?)")
+            raise self.mark_broken(f"short read at offset {offset} (truncated since its index was built?)")
         if direct is None:
             self.forget(offset, length)
 
@@ -141,31 +111,16 @@ class Shard:
         return self._dfd
 
     def forget(self, offset: int, length: int) -> None:
-        """Drop these bytes from the kernel's page cache of the shard file: we keep our own copy."""
         if self._fd is not None:
             try:
                 os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
             except OSError:
                 pass
 
-    def _source(self) -> Source:
-        return self.path
-
-    def layout(self) -> DataLayout:
-        if self._layout is None:
-            fmt = format_for(self.path)
-            try:
-                self._layout = fmt.open_layout(self._source(), self.size)
-            except SourceUnavailable as exc:
-                if exc.permanent:
-                    raise self._fail(f"cannot read its tables: {exc}") from None
-                raise self._io_error(0, exc.error) from None
-            except (OSError, ShardFormatError) as exc:
-                raise self._fail(f"cannot read its tables: {exc}") from None
-        return self._layout
-
     def close(self) -> None:
         with self._lock:
+            if self.sequential and self._fd is not None:
+                self.forget(0, 0)  # read once to build an index: do not let it crowd the page cache
             for fd in (self._fd, self._dfd):
                 if fd is not None:
                     os.close(fd)

@@ -12,12 +12,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from shardfs.index import shard_index
-from shardfs.view import layouts
 from shardfs.errors import UsageError
-from shardfs.storage.local import Shard
-from shardfs.formats.base import SourceUnavailable
-from shardfs.view.sources import find_shards, is_url
+from shardfs.formats import ShardFormatError, format_for
+from shardfs.formats.base import DataLayout
+from shardfs.index import shard_index
+from shardfs.index import store as index_store
+from shardfs.storage.base import Shard, ShardIOError, is_url
+from shardfs.storage.local import LocalShard
+from shardfs.view import layouts
+from shardfs.view.sources import find_shards
 from shardfs.view.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -33,15 +36,30 @@ class Dataset:
     seconds: float
     built: int  # indexes built in this run (0 on a remount with persisted indexes)
 
+    def layout(self, shard: Shard) -> DataLayout:
+        """Where the shard's logical stream lives in its bytes (tar: as is; lz4: blocks), read
+        from the shard once (lz4 tables) and kept with it."""
+        found = self._layouts.get(shard.path)
+        if found is None:
+            try:
+                found = format_for(shard.path).open_layout(shard, shard.size)
+            except ShardIOError:
+                raise
+            except ShardFormatError as exc:
+                raise shard.mark_broken(f"cannot read its tables: {exc}") from None
+            self._layouts[shard.path] = found
+        return found
+
+    def __post_init__(self) -> None:
+        self._layouts: dict[str, DataLayout] = {}
+
 
 def _load_or_build(args):
     path, index_dir, rebuild = args
     try:
-        return shard_index.load_or_build(path, index_dir, rebuild)
-    except OSError as exc:
+        return index_store.load_or_build(path, index_dir, rebuild)
+    except OSError as exc:  # ShardIOError too: a shard unreachable (after retries), gone or changed
         return None, f"{path}: cannot read: {exc.strerror or exc}"
-    except SourceUnavailable as exc:  # a remote shard unreachable (after retries), gone or changed
-        return None, f"{path}: cannot read: {exc}"
 
 
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False):
@@ -88,7 +106,7 @@ def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
         from shardfs.storage.remote import RemoteShard
 
         return RemoteShard(path, ix.shard_size, ix.shard_mtime_ns, ix.shard_tag)
-    return Shard(path, ix.shard_size, ix.shard_mtime_ns)
+    return LocalShard(path, ix.shard_size, ix.shard_mtime_ns)
 
 
 def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
@@ -112,7 +130,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
 
     for path, shard in old.items():  # vanished or changed since mount: EIO from now on
         gone = path not in paths
-        if not gone and not shard.changed_on_disk():
+        if not gone and not shard.changed():
             continue
         why = "disappeared" if gone else "changed on disk; remount to serve its new contents"
         shard.mark_broken(why)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardfs.errors import UsageError
 from shardfs.index import names
 from shardfs.formats.base import Kind
 from shardfs.index.shard_index import ShardIndex, path_hash
@@ -173,9 +174,6 @@ def apply(layout: ImageFolderLayout | None, shard_names: list[str], indexes: lis
 
 def from_options(name: str, class_names: str | None) -> ImageFolderLayout | None:
     """The layout a mount asks for (``--layout``, ``--class-names FILE``)."""
-    from shardfs.errors import UsageError
-    from shardfs.pack.inputs import read_classes
-
     if name not in LAYOUTS:
         raise UsageError(f"unknown layout {name!r} (one of {', '.join(LAYOUTS)})")
     if name == "plain":
@@ -183,3 +181,26 @@ def from_options(name: str, class_names: str | None) -> ImageFolderLayout | None
             raise UsageError("--class-names applies to --layout imagefolder only")
         return None
     return ImageFolderLayout(read_classes(class_names) if class_names else None)
+
+
+def read_classes(path: str) -> list[str]:
+    """Class names, one per line: label i is line i (counting from 0)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    classes = [line.strip() for line in lines]
+    for n, name in enumerate(classes, 1):
+        check_component(name, f"{path}:{n}: class")
+    if len(set(classes)) != len(classes):
+        raise UsageError(f"{path}: a class name appears twice")
+    return classes
+
+
+def check_component(name: str, what: str) -> str:
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise UsageError(f"{what} {name!r} cannot be a folder name")
+    return name

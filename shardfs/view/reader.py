@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from shardfs.storage.base import Shard
 from shardfs.view.dataset import Dataset
-from shardfs.storage.local import Shard
 
 
 class Fetcher(Protocol):
@@ -19,4 +19,4 @@ def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int)
         return b""
     shard = view.shards[int(tree.shard[m])]
     fetch = lambda off, n: fetcher.fetch(shard, off, n)  # noqa: E731
-    return shard.layout().read(int(tree.offset[m]) + offset, length, fetch)
+    return view.layout(shard).read(int(tree.offset[m]) + offset, length, fetch)

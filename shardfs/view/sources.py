@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 
 from shardfs.errors import UsageError
 from shardfs.formats import format_for, suffixes
+from shardfs.redact import redact
+from shardfs.storage.base import is_url
 
 
-def is_url(src: str) -> bool:
-    return src.startswith(("s3://", "http://", "https://"))
+def is_shard_url(url: str) -> bool:
+    return format_for(url) is not None
 
 
 def _is_shard(path: str) -> bool:
@@ -20,16 +23,14 @@ def _is_shard(path: str) -> bool:
 def find_shards(sources: list[str]) -> list[str]:
     """Shard files named by SRC arguments: directories (their shards, not recursive),
     single shard files, or glob patterns; or remote ones (s3://bucket/prefix/, URLs with
-    {000..146} brace ranges, see shardfs.storage.remote). Sorted by path, duplicates removed, so
+    {000..146} brace ranges, see _remote_objects). Sorted by path, duplicates removed, so
     the order (and with it the duplicate-path rule) does not depend on argument order."""
     if not sources:
         raise UsageError("no SRC given: name a directory of shards, a shard file or a glob")
     found: set[str] = set()
     for src in sources:
         if is_url(src):
-            from shardfs.storage.remote import find_objects
-
-            found.update(obj.url for obj in find_objects(src))
+            found.update(obj.url for obj in _remote_objects(src))
         elif glob.has_magic(src) and not os.path.exists(src):
             matches = [p for p in glob.glob(src) if _is_shard(p)]
             if not matches:
@@ -50,3 +51,46 @@ def find_shards(sources: list[str]) -> list[str]:
         else:
             raise UsageError(f"{src}: no such file or directory")
     return sorted(found)
+
+
+def expand_braces(url: str) -> list[str]:
+    """WebDataset's brace notation (``train-{000000..000146}.tar``, ``{a,b}``), expanded by the
+    library WebDataset itself uses, so a URL names the same shards for both."""
+    from braceexpand import braceexpand
+
+    urls = list(braceexpand(url))
+    if any("{" in u or "}" in u for u in urls):  # braceexpand leaves what it cannot expand
+        raise UsageError(f"{redact(url)}: cannot expand its braces (expected {{000..146}} or {{a,b}})")
+    return urls
+
+
+def _remote_objects(src: str) -> list:
+    """Shard objects named by one remote SRC: a prefix (``s3://b/p/``), a glob, a brace pattern, one URL."""
+    from shardfs.storage.remote.errors import RemoteError  # network clients: only for URLs
+    from shardfs.storage.remote.listing import info_many, list_folder
+
+    shown = redact(src)
+    try:
+        if "{" in src:
+            urls = expand_braces(src)
+            bad = [u for u in urls if format_for(u) is None]
+            if bad:
+                raise UsageError(f"{shown}: {redact(bad[0])} is not a shard (expected {', '.join(suffixes())})")
+            found = info_many(urls)
+        elif src.endswith("/") or (src.startswith("s3://") and format_for(src) is None
+                                   and not any(c in src for c in "*?[")):  # s3://bucket/prefix
+            found = list_folder(src, is_shard_url)
+            if not found:
+                raise UsageError(f"{shown}: no shard found under this prefix (looked for {', '.join(suffixes())})")
+        elif any(c in src for c in "*?["):
+            folder = src[: src.rfind("/", 0, min(i for i in (src.find(c) for c in "*?[") if i >= 0)) + 1]
+            found = [o for o in list_folder(folder, is_shard_url) if fnmatch.fnmatchcase(o.url, src)]
+            if not found:
+                raise UsageError(f"{shown}: the pattern matches no shard ({', '.join(suffixes())})")
+        else:
+            if format_for(src) is None:
+                raise UsageError(f"{shown}: not a shard (expected one of {', '.join(suffixes())})")
+            found = info_many([src])
+    except RemoteError as exc:
+        raise UsageError(str(exc)) from None
+    return found

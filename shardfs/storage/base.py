@@ -1,0 +1,99 @@
+"""One interface for a shard's bytes, wherever the shard is stored.
+
+A :class:`Shard` is read by offset: index builds scan it (through a format), the mount serves
+from it (through the caches). Two kinds implement it: ``local.LocalShard`` (a file, pread and
+O_DIRECT) and ``remote.RemoteShard`` (an object in S3 or on an HTTP server, ranged GETs). The
+bookkeeping every kind shares lives here: a shard that changed or vanished is broken for good
+(all its reads answer EIO), while a failed read is counted and the next read tries again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+
+from shardfs.errors import ShardfsError
+
+log = logging.getLogger(__name__)
+
+
+def is_url(src: str) -> bool:
+    return src.startswith(("s3://", "http://", "https://"))
+
+
+class ShardIOError(ShardfsError, OSError):
+    """A read from a shard failed; the FUSE layer answers EIO and the message is logged once.
+
+    ``unavailable``: the shard could not be read at all (a remote object gone, changed or out of
+    reach; a local file changed since it was indexed): a scan that this stops records nothing
+    about the shard, unlike damage found in the bytes themselves."""
+
+    def __init__(self, message: str, unavailable: bool = False, permanent: bool = False):
+        super().__init__(errno.EIO, message)
+        self.unavailable, self.permanent = unavailable, permanent
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class Shard:
+    """One shard's bytes. Subclasses implement ``_pread`` and may speed up ``read_into``."""
+
+    remote = False
+    window = 64 * 1024  # how much a sequential scan reads at once (larger for remote objects)
+
+    def __init__(self, path: str, size: int, mtime_ns: int):
+        self.path, self.size, self.mtime_ns = path, size, mtime_ns
+        self.name = path.rstrip("/").rsplit("/", 1)[-1]
+        self.broken: str | None = None
+        self.index_path: str | None = None  # where its index was loaded from or saved to
+        self.io_errors = 0
+        self._lock = threading.RLock()  # mark_broken may run with it held (RLock)
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """The bytes at ``offset``: ``length`` of them, fewer only where the shard ends; or ShardIOError."""
+        if self.broken:
+            raise ShardIOError(self.broken, unavailable=True, permanent=True)
+        length = min(length, self.size - offset)
+        return self._pread(offset, length) if length > 0 else b""
+
+    def read_into(self, buf: memoryview, offset: int, length: int) -> None:
+        """Fill ``buf[offset:offset+length]`` with the shard's bytes there, or ShardIOError.
+        ``buf`` holds the whole shard (the RAM cache's buffer of it)."""
+        buf[offset : offset + length] = self.pread(offset, length)
+
+    def _pread(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def forget(self, offset: int, length: int) -> None:
+        """These bytes are cached above us now: drop any copy the kernel keeps of them."""
+
+    def changed(self) -> bool:
+        """Whether the shard is no longer the one indexed (size, mtime or tag differ, or it is gone)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    # ---- failures ----------------------------------------------------------------------
+
+    def mark_broken(self, why: str) -> ShardIOError:
+        """The shard is unusable for good (changed, truncated, gone): all its files answer EIO."""
+        with self._lock:
+            if self.broken is None:
+                self.broken = why
+                log.error("%s: %s; its files now answer EIO", self.path, why)
+        return ShardIOError(f"{self.path}: {why}", unavailable=True, permanent=True)
+
+    def read_failed(self, offset: int, why: str, unavailable: bool = False) -> ShardIOError:
+        """A read failed (EIO from storage, a store not answering): this read answers EIO; the
+        next one tries again. Logged for the first ten, then every thousandth."""
+        with self._lock:
+            self.io_errors += 1
+            if self.io_errors <= 10 or self.io_errors % 1000 == 0:
+                log.error("%s: read error at offset %d: %s (%d so far; reads of it are retried)",
+                          self.path, offset, why, self.io_errors)
+        return ShardIOError(f"{self.path}: read error at offset {offset}: {why}", unavailable=unavailable)
