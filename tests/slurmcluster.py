@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from shardfs.mount import process_alive
+
 PYTHON = os.path.realpath(sys.executable)
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "sinfo")
 
@@ -60,14 +62,6 @@ def _read_pid(path: str) -> int | None:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class SlurmCluster:
@@ -245,9 +239,9 @@ class SlurmCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 15
-            while _alive(pid) and time.monotonic() < deadline:
+            while process_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(pid):
+            if process_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for proc in self.procs:  # the same processes; a daemon that died before writing its pid file too
