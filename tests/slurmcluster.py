@@ -15,8 +15,10 @@ Mounts made by jobs are visible in that namespace only: `job_mounts()` reads the
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -132,6 +134,9 @@ class SlurmCluster:
             "SchedulerType": "sched/backfill",
             "ReturnToService": 2,
             "KillWait": 10,
+            # sbatch --wait polls every 2 s doubling up to MinJobAge/2 (default 300: up to 32 s late);
+            # 6 keeps its polls 4 s apart and finished jobs listed for a few seconds.
+            "MinJobAge": 6,
             "MpiDefault": "none",
             "MailProg": "/bin/true",
         }
@@ -184,14 +189,25 @@ class SlurmCluster:
 
     def slurm(self, *cmd: str, user: str | None = None, env: dict | None = None, cwd: str | None = None,
               timeout: float = 300) -> subprocess.CompletedProcess:
-        """A Slurm command (sbatch, scancel, squeue, ...), as `user` if given."""
-        full = [*(["runuser", "-u", user, "--"] if user else []), *cmd]
-        return subprocess.run(full, capture_output=True, text=True, env={**self.env, **(env or {})}, cwd=cwd,
-                              timeout=timeout)
+        """A Slurm command (sbatch, scancel, squeue, ...), as `user` if given, with `env` added to
+        the environment (after runuser, which sets HOME, USER, SHELL and LOGNAME for the user)."""
+        env = {"SLURM_CONF": self.conf, **(env or {})}
+        full = [*(["runuser", "-u", user, "--"] if user else []), "env", *(f"{k}={v}" for k, v in env.items()), *cmd]
+        return subprocess.run(full, capture_output=True, text=True, env={**self.env, **env}, cwd=cwd, timeout=timeout)
 
     def job_state(self, job_id: str) -> str:
         done = self.slurm("squeue", "-h", "-j", job_id, "-o", "%T")
         return done.stdout.strip()
+
+    def job_seconds(self, job_id: str) -> int | None:
+        """How long a finished job ran by Slurm's clock (whole seconds), while Slurm still lists it."""
+        done = self.slurm("scontrol", "show", "job", "-o", job_id)
+        times = dict(re.findall(r"(StartTime|EndTime)=(\S+)", done.stdout))
+        try:
+            start, end = (datetime.datetime.fromisoformat(times[k]) for k in ("StartTime", "EndTime"))
+        except (KeyError, ValueError):
+            return None
+        return int((end - start).total_seconds())
 
     def job_mounts(self) -> list[str]:
         """Mountpoints of FUSE mounts of our files (source under our directory) in the jobs' mount

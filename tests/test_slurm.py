@@ -114,7 +114,7 @@ def job_folder(cluster: SlurmCluster, name: str, files: dict[str, str]) -> str:
 def sbatch(cluster: SlurmCluster, folder: str, *options: str, timeout: float = 600) -> tuple[str, int]:
     """Submit folder/job.sh as nobody from folder; (job id, sbatch's exit status)."""
     env = {"PATH": f"{os.path.dirname(PYTHON)}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "PYTHONPATH": REPO,
-           "HOME": os.path.join(cluster.top, "home"), "USER": "nobody"}
+           "HOME": os.path.join(cluster.top, "home")}
     done = cluster.slurm("sbatch", f"--output={folder}/out.txt", *options, "job.sh", user="nobody", env=env,
                          cwd=folder, timeout=timeout)
     found = re.search(r"(\d+)", done.stdout)
@@ -170,7 +170,8 @@ def test_readme_job_script_runs_as_printed(cluster):
     assert result["images"] == 24 and result["classes"] == ["n00000000", "n00000001", "n00000002"]
     assert result["batch"] == [8, 3, 48, 48] and result["labels"] == 8
     assert wait_until_clean(cluster, f"/tmp/shardfs-{job}") == {"mounts": [], "processes": [], "mountpoint": False}
-    print(f"cluster start {cluster.start_seconds:.1f} s; README job {seconds:.1f} s")
+    print(f"cluster start {cluster.start_seconds:.1f} s; README job: sbatch --wait {seconds:.1f} s, "
+          f"ran {cluster.job_seconds(job)} s")
 
 
 def test_scancel_leaves_no_mount_daemon_or_mountpoint(cluster):
@@ -267,5 +268,6 @@ def test_small_mem_job_keeps_the_cache_under_the_limit(cluster, big_shards):
         daemon_log = f.read()
     assert "left under the cgroup limit" in daemon_log and "memory.limit_in_bytes" in daemon_log
     assert wait_until_clean(cluster, None) == {"mounts": [], "processes": [], "mountpoint": False}
-    print(f"--mem={JOB_MEM} job {seconds:.1f} s: budget {cache['budget_bytes'] >> 20} MiB, used {cache['used_bytes'] >> 20} MiB, "
+    assert os.listdir(os.path.join(cluster.top, "home", ".cache", "shardfs"))  # indexes and logs in the user's home
+    print(f"--mem={JOB_MEM} job: sbatch --wait {seconds:.1f} s, ran {cluster.job_seconds(job)} s: budget {cache['budget_bytes'] >> 20} MiB, used {cache['used_bytes'] >> 20} MiB, "
           f"{cache['direct_reads']} direct reads, peak RSS {result['stats']['rss_peak_bytes'] >> 20} MiB")
