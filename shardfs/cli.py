@@ -64,7 +64,7 @@ def _apply_command_line(cfg, args):
     from shardfs.service.config import apply_options, check
 
     for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level", "layout",
-                "class_names"):
+                "class_names", "metrics_dir", "metrics_interval"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
@@ -185,13 +185,20 @@ def cmd_index(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    from shardfs.fuse.stats import STATS_XATTR
+    from shardfs.service.watch import read_figures, watch
 
+    if args.watch:
+        return watch(args.mountpoint, args.interval, args.count)
     try:
-        data = json.loads(os.getxattr(args.mountpoint, STATS_XATTR))
+        data = read_figures(args.mountpoint)
     except OSError as exc:
         raise UsageError(f"{args.mountpoint}: not a live shardfs mount ({exc.strerror})") from None
-    if args.json:
+    if args.format == "prometheus":
+        from shardfs.service.metrics import render
+
+        sys.stdout.write(render(data))
+        return 0
+    if args.json or args.format == "json":
         print(json.dumps(data, indent=2))
         return 0
     width = max(len(k) for k in data)
@@ -298,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-auto-unmount", action="store_true",
                    help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
     m.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
+    m.add_argument("--metrics-dir", metavar="DIR",
+                   help="write Prometheus metrics to DIR (node_exporter's --collector.textfile.directory)")
+    m.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics writes (default 15)")
     layout_options(m)
 
     p = add("mount", parents=[mount_options], help="mount shards as one read-only tree")
@@ -339,7 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", help="figures of a live mount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--format", choices=["text", "json", "prometheus"], default="text",
+                   help="prometheus: the exposition format (metrics shardfs_*)")
+    p.add_argument("--watch", action="store_true", help="a live view, refreshed every --interval seconds")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="--watch: seconds between refreshes")
+    p.add_argument("--count", type=int, metavar="N", help="--watch: stop after N refreshes (default: until Ctrl-C)")
     p.set_defaults(func=cmd_stats)
 
     p = add("pack", help="pack a folder or a path-to-label list into shards",

@@ -51,6 +51,19 @@ def test_run_with_mountpoint_and_a_command_killed_by_a_signal(tar_shards, tmp_pa
     assert not os.path.ismount(mnt) and mnt.is_dir()
 
 
+def test_run_creates_a_missing_mountpoint_and_removes_what_it_made(tar_shards, tmp_path):
+    mnt = tmp_path / "job-42" / "imagenet"  # neither exists: a fresh per-job path
+    script = 'import os; print(os.path.ismount(os.environ["SHARDFS_MOUNT"]), sorted(os.listdir(os.environ["SHARDFS_MOUNT"])))'
+    done = shardfs_cmd("run", str(tar_shards), str(mnt), "--", sys.executable, "-c", script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "['train']"]
+    assert not (tmp_path / "job-42").exists()
+    # a mountpoint that was there before stays, also when the command fails
+    mnt.mkdir(parents=True)
+    assert shardfs_cmd("run", str(tar_shards), str(mnt), "--", "false").returncode == 1
+    assert mnt.is_dir() and not os.path.ismount(mnt)
+
+
 def test_run_forwards_sigterm_to_the_command(tar_shards, tmp_path):
     marker = tmp_path / "got-term"
     script = (f"import signal, sys, time, pathlib\n"

@@ -27,6 +27,20 @@ for cmd in shardfs mount.shardfs; do
         ln -s "$scripts/$cmd" "/usr/local/bin/$cmd"
     fi
 done
+# slurmctld/slurmd/slurm-client/munge: the Slurm tests start a private single-node cluster;
+# prometheus-node-exporter: the metrics test scrapes its textfile collector. The tests start
+# these daemons themselves, privately: a policy-rc.d stops the packages from starting system services.
+if ! command -v slurmd >/dev/null || ! command -v munged >/dev/null || ! command -v prometheus-node-exporter >/dev/null; then
+    made_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && made_policy=1
+    fi
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge prometheus-node-exporter >/dev/null
+    [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+    # and not at boot either (the packages enable their units)
+    systemctl disable --quiet slurmctld.service slurmd.service munge.service prometheus-node-exporter.service || true
+fi
 if ! command -v systemd-analyze >/dev/null; then
     apt-get install -y -qq systemd >/dev/null  # for the unit's verification test
 fi

@@ -212,13 +212,17 @@ class ShardFS(fuse.Operations):
             return [STATS_XATTR] if node == 1 else []
         return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
 
+    def figures(self) -> dict:
+        """Everything `shardfs stats` shows: request counters and the daemon's figures."""
+        return {**self.stats.snapshot(), **self.extra_stats()}
+
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self.stats.op("getxattr")
         view = self.view
         node = self._node(view, path)
         tree = view.tree
         if node == 1 and name == STATS_XATTR:
-            return json.dumps({**self.stats.snapshot(), **self.extra_stats()}).encode()
+            return json.dumps(self.figures()).encode()
         if not tree.is_dir(node):
             m = tree.member(node)
             shard = view.shards[int(tree.shard[m])]

@@ -40,6 +40,9 @@ class MountConfig:
     # fsspec storage options for remote sources (endpoint_url, key, secret, anon, ...):
     # never on a command line the daemon is started with, never in logs.
     storage_options: dict = field(default_factory=dict)
+    # node_exporter's textfile-collector directory: metrics written there every metrics_interval s
+    metrics_dir: str | None = None
+    metrics_interval: float = 15.0
 
 
 # key -> (accepted types, description used in messages)
@@ -58,6 +61,8 @@ _KEYS = {
     "layout": ((str,), "plain or imagefolder"),
     "class_names": ((str,), "a path"),
     "storage_options": ((dict,), "a table of fsspec storage options (endpoint_url, key, secret, ...)"),
+    "metrics_dir": ((str,), "a directory (node_exporter's --collector.textfile.directory)"),
+    "metrics_interval": ((int, float), "seconds between metrics writes (> 0)"),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -118,6 +123,10 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
         value = getattr(cfg, key)
         if value is not None and value < 1:
             raise fail(key, f"expected {_KEYS[key][1]}, got {value}")
+    if cfg.metrics_dir is not None and not os.path.isdir(cfg.metrics_dir):
+        raise fail("metrics_dir", f"{cfg.metrics_dir} is not a directory")
+    if cfg.metrics_interval <= 0:
+        raise fail("metrics_interval", f"expected {_KEYS['metrics_interval'][1]}, got {cfg.metrics_interval}")
     if cfg.layout not in ("plain", "imagefolder"):
         raise fail("layout", f"expected {_KEYS['layout'][1]}, got {cfg.layout!r}")
     if cfg.class_names is not None:
@@ -137,7 +146,8 @@ _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "
                     "default_permissions", "async", "sync"}
 STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
-                  "log_level": str, "log_file": str, "layout": str, "class_names": str}
+                  "log_level": str, "log_file": str, "layout": str, "class_names": str, "metrics_dir": str,
+                  "metrics_interval": float}
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
@@ -159,7 +169,7 @@ def apply_options(cfg: MountConfig, text: str) -> None:
             try:
                 setattr(cfg, key, _VALUE_OPTIONS[key](value))
             except ValueError:
-                raise UsageError(f"-o {opt}: expected a whole number") from None
+                raise UsageError(f"-o {opt}: expected a number") from None
         else:
             known = ", ".join(["allow_other", "no_auto_unmount", *(f"{k}=" for k in _VALUE_OPTIONS),
                                f"{STORAGE_PREFIX}KEY="])
@@ -174,6 +184,8 @@ def to_args(cfg: MountConfig) -> list[str]:
             "--layout", cfg.layout]
     if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
         args += ["--class-names", os.path.abspath(cfg.class_names)]
+    if cfg.metrics_dir is not None:  # the daemon runs in /
+        args += ["--metrics-dir", os.path.abspath(cfg.metrics_dir), "--metrics-interval", str(cfg.metrics_interval)]
     for key in ("loaders", "cache_size", "index_dir", "workers", "log_file"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]

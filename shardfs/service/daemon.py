@@ -64,7 +64,9 @@ def _describe(view: datasets.Dataset) -> str:
 
 class Daemon:
     def __init__(self, cfg: MountConfig, ready_fd: int | None = None, on_detach=None):
-        self.sources, self.mountpoint, self.opts = cfg.sources, cfg.mountpoint, cfg
+        # absolute now: libfuse changes the working directory to / once mounted
+        self.sources, self.mountpoint, self.opts = cfg.sources, os.path.abspath(cfg.mountpoint), cfg
+        self.metrics = None
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -113,6 +115,8 @@ class Daemon:
                 raise
             log.info("stopped by a signal")
         self.notifier.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
         for shard in self.fs.view.shards:
@@ -126,7 +130,7 @@ class Daemon:
         return {
             "pid": os.getpid(),
             "sources": [remote.redact(s) for s in self.sources],
-            "mountpoint": os.path.abspath(self.mountpoint),
+            "mountpoint": self.mountpoint,
             "shards": len(view.shards),
             "shards_broken": sum(1 for s in view.shards if s.broken),
             "files": view.tree.nfiles,
@@ -167,6 +171,12 @@ class Daemon:
             self.on_detach()
         self.notifier.send(ready="1", status=f"serving {_describe(self.fs.view)}")
         self.notifier.start_background(healthy=self._healthy, status=self._status_line)
+        if self.opts.metrics_dir:
+            from shardfs.service.metrics import TextfileWriter
+
+            self.metrics = TextfileWriter(self.opts.metrics_dir, self.mountpoint, self.fs.figures,
+                                          self.opts.metrics_interval)
+            self.metrics.start()
 
     def _healthy(self) -> bool:
         """The watchdog's question: does the mount answer? (statfs goes through the FUSE loop.)"""

@@ -2,22 +2,44 @@
 
 The one-liner for batch job scripts. Signals sent to us (the batch system's SIGTERM
 before a kill, a user's Ctrl-C) are passed on to the command; the mount goes away when
-the command ends, whatever the reason.
+the command ends, whatever the reason. A mountpoint that does not exist is created (with
+its missing parents) and removed again afterwards, so a job script can name a fresh
+per-job path and leave nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 
 from shardfs.service.api import mounted
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
+@contextlib.contextmanager
+def created_mountpoint(mountpoint: str | None) -> Iterator[None]:
+    """Create ``mountpoint`` and its missing parents; rmdir the ones we made afterwards."""
+    made: list[str] = []
+    path = os.path.abspath(mountpoint) if mountpoint else None
+    while path and not os.path.lexists(path):
+        made.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(made):
+        os.mkdir(folder)
+    try:
+        yield
+    finally:
+        for folder in made:  # deepest first; rmdir, never rmtree: never anything inside a mount
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
 def run(sources: list[str], mountpoint: str | None, command: list[str], options: dict) -> int:
-    with mounted(sources, mountpoint, **options) as root:
+    with created_mountpoint(mountpoint), mounted(sources, mountpoint, **options) as root:
         env = {**os.environ, "SHARDFS_MOUNT": root}
         child = subprocess.Popen(command, env=env)
         previous = {sig: signal.signal(sig, lambda signum, _frame: child.send_signal(signum)) for sig in FORWARDED}

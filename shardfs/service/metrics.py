@@ -1,0 +1,141 @@
+"""Prometheus metrics of a mount, from the same figures `shardfs stats --json` shows.
+
+`render(figures)` gives the text exposition format (`shardfs stats --format prometheus`).
+`TextfileWriter` writes it for node_exporter's textfile collector every `period` seconds:
+one `shardfs-<mount>.prom` file per mount, replaced atomically (the collector may read at any
+moment), removed at unmount. prometheus_client does the format (escaping, HELP/TYPE lines)
+and the temporary-name-then-rename write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+
+from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("shardfs")
+
+PERIOD_S = 15.0  # node_exporter is usually scraped every 15-60 s: fresher files gain nothing
+
+# (name, kind, help, where in the figures): counters get "_total" from prometheus_client.
+_SCALARS = [
+    ("shardfs_uptime_seconds", "gauge", "Seconds since the daemon started", ("uptime_s",)),
+    ("shardfs_served_bytes", "counter", "Bytes returned to readers by FUSE reads", ("bytes_served",)),
+    ("shardfs_read_errors", "counter", "FUSE reads answered with an error", ("read_errors",)),
+    ("shardfs_shards", "gauge", "Shards in the mounted dataset", ("shards",)),
+    ("shardfs_shards_broken", "gauge", "Shards answering EIO (unreadable, changed on disk)", ("shards_broken",)),
+    ("shardfs_files", "gauge", "Files in the mounted tree", ("files",)),
+    ("shardfs_directories", "gauge", "Directories in the mounted tree", ("directories",)),
+    ("shardfs_dataset_bytes", "gauge", "Total size of the files in the mounted tree", ("bytes",)),
+    ("shardfs_problems", "gauge", "Problems found in the shards (left-out members, bad shards)", ("problems",)),
+    ("shardfs_index_seconds", "gauge", "Seconds the last index load or build took", ("index_seconds",)),
+    ("shardfs_rss_peak_bytes", "gauge", "Peak resident memory of the daemon", ("rss_peak_bytes",)),
+    ("shardfs_cache_budget_bytes", "gauge", "RAM budget of the shard cache", ("cache", "budget_bytes")),
+    ("shardfs_cache_bytes", "gauge", "RAM the shard cache holds (or has reserved)", ("cache", "used_bytes")),
+    ("shardfs_cache_evictions", "counter", "Shards evicted from the cache", ("cache", "shards_evicted")),
+    ("shardfs_cache_hits", "counter", "Reads served from cached shards", ("cache", "hits")),
+    ("shardfs_cache_misses", "counter", "Reads that had to go to storage", ("cache", "misses")),
+    ("shardfs_cache_direct_reads", "counter", "Reads of shards that do not fit the budget (member only)",
+     ("cache", "direct_reads")),
+    ("shardfs_cache_admissions", "counter", "Shards admitted to the cache", ("cache", "admitted")),
+    ("shardfs_cache_load_errors", "counter", "Shard loads that failed", ("cache", "load_errors")),
+    ("shardfs_storage_read_bytes", "counter", "Bytes read from storage (shard files, objects)",
+     ("cache", "storage_bytes_read")),
+    ("shardfs_storage_read_seconds", "counter", "Seconds spent reading from storage",
+     ("cache", "storage_read_seconds")),
+    ("shardfs_remote_requests", "counter", "Requests to object stores and HTTP servers", ("remote", "requests")),
+    ("shardfs_remote_retries", "counter", "Remote requests retried", ("remote", "retries")),
+    ("shardfs_remote_failures", "counter", "Remote requests failed after all retries", ("remote", "failed")),
+    ("shardfs_remote_read_bytes", "counter", "Bytes received from remote storage", ("remote", "bytes")),
+]
+LABELS = ["mountpoint", "source"]
+
+
+def _lookup(figures: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(figures, dict) or key not in figures:
+            return None
+        figures = figures[key]
+    return figures
+
+
+class _Collector:
+    def __init__(self, figures: dict):
+        self.figures = figures
+
+    def collect(self):
+        f = self.figures
+        labels = [f.get("mountpoint", ""), ",".join(f.get("sources", []))]
+        for name, kind, text, path in _SCALARS:
+            value = _lookup(f, path)
+            if value is None:  # e.g. remote counters of a mount without remote shards
+                continue
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, text, labels=LABELS)
+            family.add_metric(labels, value)
+            yield family
+        cache = f.get("cache", {})
+        shards = GaugeMetricFamily("shardfs_cache_shards", "Shards in the cache, by state", labels=[*LABELS, "state"])
+        for state in ("cached", "loading"):
+            if f"shards_{state}" in cache:
+                shards.add_metric([*labels, state], cache[f"shards_{state}"])
+        yield shards
+        ops = CounterMetricFamily("shardfs_fuse_requests", "FUSE requests answered, by operation",
+                                  labels=[*LABELS, "op"])
+        for op, count in sorted(f.get("fuse_ops", {}).items()):
+            ops.add_metric([*labels, op], count)
+        yield ops
+
+
+def _registry(figures: dict) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(figures))
+    return registry
+
+
+def render(figures: dict) -> str:
+    """The exposition text of one mount's figures (the dict `shardfs stats --json` prints)."""
+    return generate_latest(_registry(figures)).decode()
+
+
+def textfile_name(mountpoint: str) -> str:
+    """One file per mount: readable, and unique by a hash of the full path."""
+    real = os.path.abspath(mountpoint)
+    tag = hashlib.sha256(real.encode()).hexdigest()[:8]
+    return f"shardfs-{os.path.basename(real.rstrip('/')) or 'root'}-{tag}.prom"
+
+
+class TextfileWriter:
+    """Writes a mount's metrics into node_exporter's textfile directory every `period` seconds."""
+
+    def __init__(self, directory: str, mountpoint: str, figures, period: float = PERIOD_S):
+        self.path = os.path.join(directory, textfile_name(mountpoint))
+        self.figures, self.period = figures, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shardfs-metrics", daemon=True)
+
+    def start(self) -> None:
+        self.write()
+        self._thread.start()
+
+    def write(self) -> None:
+        try:
+            write_to_textfile(self.path, _registry(self.figures()))  # temporary name, then rename
+        except OSError as exc:  # a full or missing directory must not take the mount down
+            log.warning("cannot write metrics to %s: %s", self.path, exc.strerror)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.write()
+
+    def stop(self) -> None:
+        """At unmount: no file may claim a mount that is gone."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
