@@ -290,8 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("-o", action="append", metavar="OPTS",
                    help="mount options, as in fstab: allow_other, cache_size=64G, prefetch=all, ...")
     m.add_argument("--cache-size", metavar="SIZE",
-                   help="RAM budget for shard bytes: 64G, 512M, or a share of RAM like 50%% "
-                        "(default: half of the memory available to this process at mount)")
+                   help="RAM budget for shard bytes: 64G, 512M, or a share like 50%% of the memory this process "
+                        "may use (the node's available memory or its cgroup's room; default: 50%%)")
     m.add_argument("--prefetch", choices=["touched", "all"],
                    help="load each shard when first read (default), or stream every shard in at mount")
     m.add_argument("--loaders", type=int,

@@ -203,10 +203,10 @@ def test_demanded_loads_go_before_prefetch():
     ("50%", 500),
 ])
 def test_parse_size(text, expected):
-    assert parse_size(text, total_ram=1000) == expected
+    assert parse_size(text, room=1000) == expected
 
 
 @pytest.mark.parametrize("text", ["", "lots", "-1G", "150%", "0%", "5X"])
 def test_parse_size_refuses(text):
     with pytest.raises(ValueError):
-        parse_size(text, total_ram=1000)
+        parse_size(text, room=1000)

@@ -20,7 +20,8 @@ import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
 from shardfs.storage import remote
-from shardfs.storage.memory import default_budget, parse_size
+from shardfs.storage.memory import default_budget, share_budget
+from shardfs.storage.pressure import PressureWatcher
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
@@ -85,7 +86,7 @@ class Daemon:
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
         _return_freed_memory()
         if opts.cache_size:
-            budget, why = parse_size(opts.cache_size), f"--cache-size {opts.cache_size}"
+            budget, why = share_budget(opts.cache_size)
         else:
             budget, why = default_budget()
         self.remote = any(s.remote for s in view.shards)
@@ -95,6 +96,8 @@ class Daemon:
         self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
+        self.pressure = PressureWatcher(self.cache)
+        self.pressure.start()
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
                           on_destroy=lambda: self.notifier.send(stopping="1", status="unmounting"))
         self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
@@ -117,6 +120,7 @@ class Daemon:
         self.notifier.stop()
         if self.metrics is not None:
             self.metrics.stop()
+        self.pressure.stop()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
         for shard in self.fs.view.shards:
@@ -140,6 +144,7 @@ class Daemon:
             **self.index_figures,
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
+            "memory": self.pressure.figures(),
             **({"remote": remote.counters()} if self.remote else {}),
         }
 

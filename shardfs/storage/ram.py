@@ -260,6 +260,17 @@ class ShardCache:
                 return True
         return False
 
+    def resize(self, budget: int) -> None:
+        """A new budget (memory pressure shrinks it, calm grows it back): evict least recently
+        used shards until what is reserved fits. Evicting one a reader is copying from is safe:
+        its view keeps the mapping alive until the reply is sent, then the memory goes."""
+        with self._lock:
+            self.budget = budget
+            for shard in sorted(self.resident, key=lambda shard: self.resident[shard].last_used):
+                if self.reserved <= budget:
+                    break
+                self._evict_locked(shard)
+
     def _evict_locked(self, shard: Shard) -> None:
         res = self.resident.pop(shard)
         self.reserved -= res.size
