@@ -91,7 +91,7 @@ def cmd_mount(args) -> int:
 
     cfg = _mount_config(args)
     if not args.foreground:
-        return mount.mount_detached(cfg)
+        return mount.mount_detached(cfg, args.ready_timeout)
 
     from shardfs.service.daemon import serve
     from shardfs.fuse.lib import check_can_mount
@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directories of shards, shard files or globs, then the mountpoint")
     p.add_argument("--config", metavar="FILE", help="read everything from a TOML file (see systemd/example.toml)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
+    p.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
+                   help="give up when the starting daemon reports no progress (a shard indexed) for S "
+                        "seconds, e.g. on a hung filesystem (default 300)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
 

@@ -9,6 +9,8 @@ import time
 
 import pytest
 from conftest import force_unmount, needs_fuse, shardfs_cmd
+from shardfs import sample
+from shardfs.service.mount import process_alive
 
 
 def _one_line_error(done, *fragments):
@@ -122,3 +124,46 @@ def test_missing_dev_fuse_is_one_clear_line(tar_shards, tmp_path):
     script = f"mount -t tmpfs none /dev && exec {sys.executable} -m shardfs mount {tar_shards} {mnt}"
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     _one_line_error(done, "/dev/fuse does not exist")
+
+
+@needs_fuse
+def test_mount_gives_up_on_a_daemon_that_makes_no_progress(tar_shards, sample_tree, tmp_path, mount):
+    # The index directory is on a FUSE mount whose daemon is stopped: the new daemon hangs
+    # on its first index lookup there, as on a hung network filesystem.
+    hung = mount(tar_shards, name="hung")
+    fresh = tmp_path / "fresh"  # shards without an index beside them yet
+    sample.pack_tar_round_robin(str(sample_tree), str(fresh), shards=2)
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        done = shardfs_cmd("mount", str(fresh), str(mnt), "--index-dir", f"{hung.path}/indexes",
+                           "--ready-timeout", "3", "--log-file", str(tmp_path / "log"), timeout=120)
+        if os.path.ismount(mnt):
+            force_unmount(str(mnt))
+        assert done.returncode == 1, done
+        assert "no progress for 3 s" in done.stderr and "stopped it" in done.stderr, done.stderr
+        assert "finding shards" in done.stderr or "indexed" in done.stderr
+        assert not os.path.ismount(mnt)
+        pid = int(done.stderr.split("stopped it (pid ")[1].split(")")[0])
+        deadline = time.monotonic() + 30
+        while process_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_alive(pid)
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+
+
+@needs_fuse
+def test_mount_reports_a_daemon_that_died_before_mounting(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.tar").write_bytes(b"not a tar at all " * 100)  # named like a shard: found, then unreadable
+    done = shardfs_cmd("mount", str(bad), str(mnt), "--log-file", str(tmp_path / "log"))
+    if os.path.ismount(mnt):
+        force_unmount(str(mnt))
+    assert done.returncode == 2 and not os.path.ismount(mnt)
+    assert "mount failed: the daemon exited with status 2" in done.stderr, done.stderr
+    assert "no readable shard" in done.stderr  # the daemon says why itself

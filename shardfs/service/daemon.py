@@ -80,7 +80,9 @@ class Daemon:
 
         _raise_fd_limit()
         opts = self.opts
-        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout)
+        self._report("finding shards")
+        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout,
+                                     progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
@@ -166,6 +168,15 @@ class Daemon:
         )
 
     # ---- lifecycle ----------------------------------------------------------
+
+    def _report(self, step: str) -> None:
+        """Tell a waiting `shardfs mount` that we are getting on (it gives up on silence)."""
+        if self.ready_fd is None:
+            return
+        try:
+            os.write(self.ready_fd, json.dumps({"progress": step}).encode() + b"\n")
+        except OSError:
+            pass  # `shardfs mount` is gone: nobody to tell
 
     def _ready(self) -> None:
         log.info("mounted at %s", self.mountpoint)

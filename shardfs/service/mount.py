@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
 import json
 import logging
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +25,9 @@ from shardfs.fuse.stats import STATS_XATTR
 
 log = logging.getLogger("shardfs")
 
-READY_TIMEOUT = 3600  # indexing a huge dataset for the first time can take a while
+# A starting daemon reports each shard it has indexed: indexing a huge dataset may take
+# hours, but this long without a word means it is stuck (a hung filesystem, a silent server).
+STALL_TIMEOUT = 300.0  # the default of `shardfs mount --ready-timeout`
 
 
 def _unmount_command(mountpoint: str, lazy: bool) -> list[str]:
@@ -68,7 +73,7 @@ def default_log_file(mountpoint: str) -> str:
     return os.path.join(cache_dir(), "logs", f"{name}-{tag}.log")
 
 
-def mount_detached(cfg: MountConfig) -> int:
+def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT) -> int:
     """Start ``shardfs mount --foreground`` in its own session; return once the mount answers."""
     check_can_mount(cfg.allow_other)
     find_shards(cfg.sources)  # fail fast, with the message, before starting anything
@@ -80,18 +85,52 @@ def mount_detached(cfg: MountConfig) -> int:
     child = subprocess.Popen(cmd, pass_fds=(write_end,), start_new_session=True, env=storage_env(cfg),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as ready:
-        line = ready.readline()  # EOF without a line: the daemon died before mounting
-    if not line:
-        code = child.wait(timeout=READY_TIMEOUT)
-        print(f"shardfs: mount failed (daemon exit status {code}; log: {cfg.log_file})", file=sys.stderr)
-        return code or 1
-    info = json.loads(line)
+    try:
+        info, why = _wait_ready(child, read_end, stall_timeout)
+    finally:
+        os.close(read_end)
+    if info is None:
+        if child.poll() is None:  # alive but stuck: it is ours to stop
+            stop_session(child)
+            why += f"; stopped it (pid {child.pid})"
+        print(f"shardfs: mount failed: {why} (log: {cfg.log_file})", file=sys.stderr)
+        return child.returncode if child.returncode and child.returncode > 0 else 1
     print(
         f"shardfs: mounted {info['files']} files from {info['shards']} shards at {cfg.mountpoint} "
         f"(pid {info['pid']}, index {info['index_seconds']:.2f} s, log {cfg.log_file})"
     )
     return 0
+
+
+def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple[dict | None, str]:
+    """The daemon's ready line (its figures), or None and why not. Progress lines
+    ({"progress": ...}) restart the clock; silence for ``stall_timeout`` seconds ends the wait."""
+    last, pending = "starting", b""
+    deadline = time.monotonic() + stall_timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, f"the daemon made no progress for {stall_timeout:g} s (last step: {last})"
+        readable, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not readable:
+            if child.poll() is not None:  # dead, though a process it forked may hold the pipe
+                return None, f"the daemon exited with status {child.returncode} (last step: {last})"
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            try:
+                code = child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                return None, f"the daemon closed its pipe without mounting (last step: {last})"
+            return None, f"the daemon exited with status {code} (last step: {last})"
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            message = json.loads(line)
+            if "progress" not in message:
+                return message, ""
+            last = message["progress"]
+            deadline = time.monotonic() + stall_timeout
 
 
 def daemon_pid(mountpoint: str) -> int | None:
@@ -138,6 +177,19 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def stop_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a child started with ``start_new_session`` and what it forked (index builders):
+    SIGTERM to its process group, SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def force_unmount(mountpoint: str) -> None:

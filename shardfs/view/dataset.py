@@ -62,26 +62,37 @@ def _load_or_build(args):
         return None, f"{path}: cannot read: {exc.strerror or exc}"
 
 
-def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False):
+def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
-    (processes for local shards; threads for remote ones, which wait on the network)."""
+    (processes for local shards; threads for remote ones, which wait on the network).
+    ``progress(done, total)`` is called as each index is ready."""
     jobs = [(p, index_dir, rebuild) for p in paths]
     remote = any(is_url(p) for p in paths)
+
+    def collect(results) -> list:
+        done = []
+        for result in results:
+            done.append(result)
+            if progress is not None:
+                progress(len(done), len(jobs))
+        return done
+
     if remote and len(paths) > 1:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(paths))) as pool:
-            results = list(pool.map(_load_or_build, jobs))
+            results = collect(pool.map(_load_or_build, jobs))
     elif workers > 1 and len(paths) > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(paths))) as pool:
-            results = list(pool.map(_load_or_build, jobs, chunksize=1))
+            results = collect(pool.map(_load_or_build, jobs, chunksize=1))
     else:
-        results = [_load_or_build(job) for job in jobs]
+        results = collect(map(_load_or_build, jobs))
     return [(p, ix, how) for p, (ix, how) in zip(paths, results)]
 
 
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
-                 layout: layouts.ImageFolderLayout | None = None) -> Dataset:
-    """``layout``: None shows members as stored; see layouts.py for the imagefolder view."""
-    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout)
+                 layout: layouts.ImageFolderLayout | None = None, progress=None) -> Dataset:
+    """``layout``: None shows members as stored; see layouts.py for the imagefolder view.
+    ``progress(done, total)``: called as each shard's index is ready."""
+    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout, progress=progress)
 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
@@ -121,7 +132,7 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
 
 
 def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
-              layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+              layout: layouts.ImageFolderLayout | None = None, progress=None) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
@@ -141,7 +152,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
 
     fresh = [p for p in paths if p not in entries]
     built = 0
-    for path, ix, how in index_shards(fresh, index_dir, workers):
+    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress):
         if ix is None:
             problems.append(how)
             continue
