@@ -153,9 +153,13 @@ def cmd_status(args) -> int:
 
 
 def cmd_umount(args) -> int:
-    from shardfs.service.mount import unmount
+    from shardfs.service.mount import DaemonOutlived, unmount
 
-    return unmount(args.mountpoint, lazy=args.lazy)
+    try:
+        return unmount(args.mountpoint, lazy=args.lazy, wait=args.wait)
+    except DaemonOutlived as exc:
+        print(f"shardfs: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 def cmd_index(args) -> int:
@@ -337,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("umount", aliases=["unmount"], help="unmount and wait for the daemon to exit")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
+    p.add_argument("--wait", type=float, default=30.0, metavar="S",
+                   help="seconds to wait for the daemon to exit; exit status 1 if it is still running (default 30)")
     p.set_defaults(func=cmd_umount)
 
     remote_options = argparse.ArgumentParser(add_help=False)

@@ -167,3 +167,22 @@ def test_mount_reports_a_daemon_that_died_before_mounting(tmp_path):
     assert done.returncode == 2 and not os.path.ismount(mnt)
     assert "mount failed: the daemon exited with status 2" in done.stderr, done.stderr
     assert "no readable shard" in done.stderr  # the daemon says why itself
+
+
+@needs_fuse
+def test_umount_exits_nonzero_when_the_daemon_outlives_its_wait(tar_shards, mount):
+    m = mount(tar_shards)
+    name = next(p for p in sorted(os.listdir(f"{m.path}/train/n00000000")))
+    reader = open(f"{m.path}/train/n00000000/{name}", "rb")  # a lazy unmount keeps the daemon for it
+    try:
+        done = shardfs_cmd("umount", "--lazy", "--wait", "1", m.path)
+        assert done.returncode == 1, done
+        assert f"daemon (pid {m.pid}) is still running" in done.stderr and "files are still open" in done.stderr
+        assert not os.path.ismount(m.path) and process_alive(m.pid)
+        assert reader.read(3) == b"\xff\xd8\xff"  # the open file is still served
+    finally:
+        reader.close()
+    deadline = time.monotonic() + 30
+    while process_alive(m.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_alive(m.pid)  # it ends once its last reader lets go

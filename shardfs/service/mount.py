@@ -18,10 +18,9 @@ import time
 
 from shardfs.dirs import cache_dir
 from shardfs.service.config import MountConfig, storage_env, to_args
-from shardfs.errors import UsageError
+from shardfs.errors import ShardfsError, UsageError
 from shardfs.fuse.lib import check_can_mount
 from shardfs.view.sources import find_shards
-from shardfs.fuse.stats import STATS_XATTR
 
 log = logging.getLogger("shardfs")
 
@@ -134,10 +133,10 @@ def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple
 
 
 def daemon_pid(mountpoint: str) -> int | None:
-    try:
-        return json.loads(os.getxattr(mountpoint, STATS_XATTR))["pid"]
-    except (OSError, ValueError, KeyError):
-        return None
+    """The daemon's pid, if it answers within a few seconds (a hung one must not hang umount)."""
+    from shardfs.service.status import probe
+
+    return probe(mountpoint)[1].get("pid")
 
 
 def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0) -> int:
@@ -157,7 +156,16 @@ def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0) -> int:
     deadline = time.monotonic() + wait
     while pid and process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if pid and process_alive(pid):
+        raise DaemonOutlived(f"{mountpoint} is unmounted, but its daemon (pid {pid}) is still running after "
+                             f"{wait:g} s: files are still open (a lazy unmount), or it is stuck (see its log)")
     return 0
+
+
+class DaemonOutlived(ShardfsError):
+    """The mount is gone but its daemon has not exited within the wait."""
+
+    exit_code = 1
 
 
 def process_alive(pid: int) -> bool:
@@ -196,6 +204,8 @@ def force_unmount(mountpoint: str) -> None:
     """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises."""
     try:
         unmount(mountpoint)
+    except DaemonOutlived:
+        pass  # unmounted: the daemon ends on its own once its last reader lets go
     except UsageError:
         if os.path.ismount(mountpoint) or is_stale(mountpoint):
             subprocess.run(_unmount_command(mountpoint, lazy=True), capture_output=True)
