@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -410,9 +411,19 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = ("mount", "run", "status", "umount", "unmount", "index", "stats", "pack", "verify", "ls")
 
 
+def _looks_like_source(word: str) -> bool:
+    """A path, URL or glob (the fstab shorthand "shardfs SRC MOUNTPOINT"), not a mistyped command."""
+    return "/" in word or any(c in word for c in "*?[{") or os.path.exists(word)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        if not _looks_like_source(argv[0]):
+            close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (commands: {', '.join(COMMANDS)})"
+            print(f"shardfs: unknown command {argv[0]!r}{hint}", file=sys.stderr)
+            return 2
         # mount.fuse3 (fstab type fuse.shardfs) runs "shardfs SRC MOUNTPOINT -o OPTIONS"
         argv.insert(0, "mount")
     command: list[str] = []

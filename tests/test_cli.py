@@ -186,3 +186,10 @@ def test_umount_exits_nonzero_when_the_daemon_outlives_its_wait(tar_shards, moun
     while process_alive(m.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not process_alive(m.pid)  # it ends once its last reader lets go
+
+
+def test_unknown_command_is_not_taken_for_a_mount(tmp_path):
+    _one_line_error(shardfs_cmd("mout", "a", "b"), "unknown command 'mout' (did you mean mount?)")
+    _one_line_error(shardfs_cmd("frobnicate"), "unknown command 'frobnicate'", "commands: mount")
+    # The fstab shorthand "shardfs SRC MOUNTPOINT" (mount.fuse3) still reaches mount: its errors are mount's.
+    _one_line_error(shardfs_cmd(str(tmp_path / "nope"), str(tmp_path)), "no such file or directory")
