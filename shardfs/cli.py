@@ -119,6 +119,27 @@ def cmd_mount(args) -> int:
     return serve(cfg, ready_fd=args.ready_fd, on_detach=detach)
 
 
+def _could_be_mountpoint(word: str) -> bool:
+    """Nothing there yet, or an empty directory: it cannot be a source (those hold shards)."""
+    from shardfs.storage.base import is_url
+    from shardfs.formats import format_for
+
+    if is_url(word) or any(c in word for c in "*?[{") or format_for(word) is not None:
+        return False
+    return not os.path.lexists(word) or (os.path.isdir(word) and not os.listdir(word))
+
+
+def _run_sources_and_mountpoint(paths: list[str], mountpoint: str | None) -> tuple[list[str], str | None]:
+    """`shardfs run SRC... [MOUNTPOINT]`: the last word is the mountpoint only if it cannot be a
+    source (see _could_be_mountpoint); with -m every word is a source."""
+    if mountpoint is not None or len(paths) == 1:
+        return paths, mountpoint
+    if _could_be_mountpoint(paths[-1]):
+        return paths[:-1], paths[-1]
+    raise UsageError(f"{paths[-1]} looks like a source, not a mountpoint (a mountpoint is a new path or an "
+                     f"empty directory): name the mountpoint with -m MOUNTPOINT; every other word is then a source")
+
+
 def cmd_run(args) -> int:
     from shardfs.service.api import MountError
     from shardfs.service.runner import run
@@ -127,7 +148,7 @@ def cmd_run(args) -> int:
         raise UsageError("give the command after --: shardfs run SRC [MOUNTPOINT] -- COMMAND [ARG...]")
     from shardfs.service.config import MountConfig
 
-    sources, mountpoint = (args.paths, None) if len(args.paths) == 1 else (args.paths[:-1], args.paths[-1])
+    sources, mountpoint = _run_sources_and_mountpoint(args.paths, args.mountpoint)
     cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
     options = {"cache_size": cfg.cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
@@ -327,11 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_mount)
 
     p = add("run", parents=[mount_options], help="mount, run a command, unmount; exit with its status",
-            usage="shardfs run [options] SRC [SRC...] [MOUNTPOINT] -- COMMAND [ARG...]",
+            usage="shardfs run [options] SRC [SRC...] [MOUNTPOINT | -m MOUNTPOINT] -- COMMAND [ARG...]",
             description="Mount SRC, run COMMAND with the mount live (its path in $SHARDFS_MOUNT), unmount, "
                         "and exit with COMMAND's status. Without MOUNTPOINT (a single SRC) a private "
                         "temporary directory is used. Signals are forwarded to COMMAND.")
-    p.add_argument("paths", nargs="+", metavar="SRC [SRC...] [MOUNTPOINT]")
+    p.add_argument("paths", nargs="+", metavar="SRC [SRC...] [MOUNTPOINT]",
+                   help="the last word is the mountpoint if it does not exist (created, removed "
+                        "afterwards) or is an empty directory, else an error: use -m")
+    p.add_argument("-m", "--mountpoint", help="the mountpoint; every positional word is then a source")
     p.set_defaults(func=cmd_run)
 
     p = add("status", help="every shardfs mount on this node: source, state, figures")

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 import shardfs
+import shardfs.sample
 from conftest import needs_fuse, shardfs_cmd
 from shardfs.service.api import MountError
 
@@ -151,3 +152,25 @@ def test_default_budget_fits_the_jobs_memory_cgroup(tar_shards, tmp_path):
                 break
             except OSError:  # the daemon is still leaving the cgroup
                 time.sleep(0.1)
+
+
+def test_run_never_takes_a_second_source_for_the_mountpoint(tar_shards, tmp_path):
+    extra = tmp_path / "extra"
+    for i in range(2):
+        (extra / "val").mkdir(parents=True, exist_ok=True)
+        (extra / "val" / f"{i}.bin").write_bytes(b"v" * 100)
+    other = tmp_path / "other-shards"
+    shardfs.sample.pack_tar_round_robin(str(extra), str(other), shards=2, prefix="val")
+    count = 'import os; print(sum(len(f) for _, _, f in os.walk(os.environ["SHARDFS_MOUNT"])))'
+    # Two sources and no mountpoint: an error naming -m, not a mount of the first over the second.
+    for second in (str(other), str(other / "val-000000.tar"), str(other / "*.tar")):
+        done = shardfs_cmd("run", str(tar_shards), second, "--", sys.executable, "-c", count)
+        assert done.returncode == 2, done
+        assert "looks like a source, not a mountpoint" in done.stderr and "-m MOUNTPOINT" in done.stderr
+    assert sorted(os.listdir(other)) == ["val-000000.tar", "val-000001.tar"]  # nothing mounted over it
+    # With -m both are sources, merged at MNT: 72 images in train/ and 2 files in val/.
+    mnt = tmp_path / "mnt"
+    done = shardfs_cmd("run", str(tar_shards), str(other), "-m", str(mnt), "--", sys.executable, "-c", count)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "74"
+    assert not mnt.exists()
