@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
             usage="shardfs run [options] SRC [SRC...] [MOUNTPOINT | -m MOUNTPOINT] -- COMMAND [ARG...]",
             description="Mount SRC, run COMMAND with the mount live (its path in $SHARDFS_MOUNT), unmount, "
                         "and exit with COMMAND's status. Without MOUNTPOINT (a single SRC) a private "
-                        "temporary directory is used. Signals are forwarded to COMMAND.")
+                        "temporary directory is used. COMMAND gets each signal once (see the README).")
     p.add_argument("paths", nargs="+", metavar="SRC [SRC...] [MOUNTPOINT]",
                    help="the last word is the mountpoint if it does not exist (created, removed "
                         "afterwards) or is an empty directory, else an error: use -m")

@@ -1,9 +1,12 @@
 """Mounts inside users' jobs: `shardfs run`, the Python API, a budget that fits the job's cgroup."""
 
+import fcntl
 import json
 import os
 import subprocess
+import signal
 import sys
+import termios
 import tempfile
 import time
 import uuid
@@ -174,3 +177,114 @@ def test_run_never_takes_a_second_source_for_the_mountpoint(tar_shards, tmp_path
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "74"
     assert not mnt.exists()
+
+
+
+COUNTER = r"""
+import collections, os, signal, sys, threading
+# sigwaitinfo takes each signal as soon as it arrives and says who sent it. (Two copies sent
+# close together can still merge into one, so the sender is what shows a double delivery.)
+SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+got = collections.Counter()
+def count():
+    while True:
+        info = signal.sigwaitinfo(SIGNALS)
+        sender = "terminal" if info.si_code == 0x80 else info.si_pid  # SI_KERNEL
+        got[f"{signal.Signals(info.si_signo).name}<-{sender}"] += 1
+        print("got", signal.Signals(info.si_signo).name, flush=True)
+threading.Thread(target=count, daemon=True).start()
+print("ready", os.getpid(), flush=True)
+for line in sys.stdin:
+    if line.strip() == "report":
+        foreground = os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+        print("counts", ",".join(f"{k}={v}" for k, v in sorted(got.items())), "foreground" * foreground, flush=True)
+    if line.strip() == "exit":
+        break
+"""
+
+# Signals every process named, as slurmstepd does for a job step on scancel (its name is what counts).
+SLURMSTEPD = "import os, sys; open('/proc/self/comm', 'w').write('slurmstepd'); [os.kill(int(p), 15) for p in sys.argv[1:]]"
+
+
+class _Command:
+    """`shardfs run ... -- COUNTER`, read line by line from a pipe or a terminal."""
+
+    def __init__(self, runner: subprocess.Popen, read_fd: int, write):
+        self.runner, self.fd, self.write, self.pending = runner, read_fd, write, b""
+        self.pid = int(self.until("ready ").split()[1])
+
+    def until(self, word: str) -> str:
+        """The next line with ``word``, from there on (a terminal echoes Ctrl-C as "^C" before it)."""
+        while True:
+            while b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                text = line.decode(errors="replace").strip()
+                if word in text:
+                    return text[text.index(word):]
+            chunk = os.read(self.fd, 4096)
+            assert chunk, f"no line with {word!r}"
+            self.pending += chunk
+
+    def counts(self) -> str:
+        """What it received (after the signals' "got" lines, so duplicates would be there too); then exit."""
+        self.write(b"report\n")
+        counts = self.until("counts")
+        self.write(b"exit\n")
+        assert self.runner.wait(timeout=60) == 0
+        return counts
+
+    def end(self) -> None:
+        """On failure: kill the command (a pid we learned), so that `shardfs run` unmounts and exits."""
+        if self.runner.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.runner.wait(timeout=60)
+
+
+def test_run_passes_each_signal_to_the_command_once(tar_shards):
+    runner = subprocess.Popen([sys.executable, "-m", "shardfs", "run", str(tar_shards), "--", sys.executable, "-c",
+                               COUNTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+
+    def write(data: bytes) -> None:
+        runner.stdin.write(data)
+        runner.stdin.flush()
+
+    command = _Command(runner, runner.stdout.fileno(), write)
+    try:
+        os.kill(runner.pid, signal.SIGUSR1)  # to `shardfs run` alone: passed on
+        command.until("got SIGUSR1")
+        os.killpg(runner.pid, signal.SIGINT)  # to its process group, as a batch system does: once, not twice
+        command.until("got SIGINT")
+        slurmstepd = subprocess.Popen([sys.executable, "-c", SLURMSTEPD, str(runner.pid), str(command.pid)])
+        assert slurmstepd.wait() == 0
+        command.until("got SIGTERM")
+        # The process group's SIGINT came once, from `shardfs run` (the command has a group of its
+        # own); slurmstepd's SIGTERM came from slurmstepd only, never again from `shardfs run`.
+        assert command.counts().split() == [
+            "counts", f"SIGINT<-{runner.pid}=1,SIGTERM<-{slurmstepd.pid}=1,SIGUSR1<-{runner.pid}=1"]
+    finally:
+        command.end()
+
+
+def test_run_in_a_terminal_ctrl_c_reaches_the_command_once(tar_shards):
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:  # a new session whose terminal is the pty, as a login shell's
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    runner = subprocess.Popen([sys.executable, "-m", "shardfs", "run", str(tar_shards), "--", sys.executable, "-c",
+                               COUNTER], stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                              preexec_fn=controlling_terminal)
+    os.close(slave)
+    try:
+        command = _Command(runner, master, lambda data: os.write(master, data))
+        try:
+            os.write(master, b"\x03")  # Ctrl-C: the terminal signals its foreground process group
+            command.until("got SIGINT")
+            # From the terminal itself, once; the command owns the terminal while it runs.
+            assert command.counts().split() == ["counts", "SIGINT<-terminal=1", "foreground"]
+        finally:
+            command.end()
+    finally:
+        os.close(master)

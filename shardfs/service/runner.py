@@ -1,8 +1,8 @@
 """`shardfs run`: mount, run a command with the mount live, unmount, exit with the command's status.
 
-The one-liner for batch job scripts. Signals sent to us (the batch system's SIGTERM
-before a kill, a user's Ctrl-C) are passed on to the command; the mount goes away when
-the command ends, whatever the reason. A mountpoint that does not exist is created (with
+The one-liner for batch job scripts. The command gets each signal once (signals.py): the
+terminal's straight, the batch system's and anyone's sent to us passed on; the mount goes
+away when the command ends, whatever the reason. A mountpoint that does not exist is created (with
 its missing parents) and removed again afterwards, so a job script can name a fresh
 per-job path and leave nothing behind.
 """
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 
 from shardfs.service.api import mounted
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+from shardfs.service.signals import command_with_signals
 
 
 @contextlib.contextmanager
@@ -40,13 +37,7 @@ def created_mountpoint(mountpoint: str | None) -> Iterator[None]:
 
 def run(sources: list[str], mountpoint: str | None, command: list[str], options: dict) -> int:
     with created_mountpoint(mountpoint), mounted(sources, mountpoint, **options) as root:
-        env = {**os.environ, "SHARDFS_MOUNT": root}
-        child = subprocess.Popen(command, env=env)
-        previous = {sig: signal.signal(sig, lambda signum, _frame: child.send_signal(signum)) for sig in FORWARDED}
-        try:
+        with command_with_signals(command, {**os.environ, "SHARDFS_MOUNT": root}) as child:
             code = child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     # Like a shell: a command killed by signal N gives 128 + N.
     return 128 - code if code < 0 else code
