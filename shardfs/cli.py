@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import glob
 import json
 import logging
 import os
@@ -273,6 +274,13 @@ def cmd_verify(args) -> int:
     return 1 if result.problems else 0
 
 
+def _names_something(word: str) -> bool:
+    """A URL, or a path or glob that names something on disk."""
+    from shardfs.storage.base import is_url
+
+    return is_url(word) or os.path.lexists(word) or bool(glob.has_magic(word) and glob.glob(word))
+
+
 def cmd_ls(args) -> int:
     from shardfs.view.dataset import open_dataset
     from shardfs.pack.listing import list_path
@@ -280,12 +288,15 @@ def cmd_ls(args) -> int:
     from shardfs.view.layouts import from_options
 
     _configure_remote(args)
+    sources, path = args.sources, args.path
+    if path is None and len(sources) > 1 and not _names_something(sources[-1]):
+        sources, path = sources[:-1], sources[-1]  # the older form `shardfs ls SRC PATH`
     layout = from_options(args.layout or "plain", args.class_names)
-    ds = open_dataset([args.source], index_dir=args.index_dir, layout=layout)
+    ds = open_dataset(sources, index_dir=args.index_dir, layout=layout)
     for line in ds.problems:
         print(f"shardfs: warning: {line}", file=sys.stderr)
     try:
-        list_path(ds.tree, args.path or "", long=args.long, recursive=args.recursive)
+        list_path(ds.tree, path or "", long=args.long, recursive=args.recursive)
         sys.stdout.flush()
     except BrokenPipeError:  # `shardfs ls ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -422,8 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     p = add("ls", parents=[remote_options], help="list the merged tree without mounting")
-    p.add_argument("source", metavar="SRC", help="directory of shards, shard file, or glob")
-    p.add_argument("path", nargs="?", metavar="PATH", help="directory or file in the tree (default: the root)")
+    p.add_argument("sources", nargs="+", metavar="SRC",
+                   help="directories of shards, shard files, globs or URLs: merged as `mount` merges them")
+    p.add_argument("--path", metavar="PATH", help="directory or file in the tree (default: the root); "
+                                                  "`shardfs ls SRC PATH` also works when PATH is no file on disk")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
     p.add_argument("--index-dir")

@@ -171,3 +171,20 @@ def test_ls_warns_about_problems_on_stderr(sample_tree, tmp_path, capsys):
     code, stdout, err = run(capsys, "ls", out, "train")
     assert code == 0 and stdout.split() == [f"n{c:08d}" for c in range(6)]
     assert err.startswith("shardfs: warning: train-000001.tar: truncated")
+
+
+def test_ls_previews_a_merge_of_several_sources(tmp_path, sample_tree, capsys):
+    from shardfs import sample
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    sample.pack_tar_round_robin(str(sample_tree), str(first), shards=2)
+    extra = tmp_path / "extra" / "val"
+    extra.mkdir(parents=True)
+    (extra / "only.bin").write_bytes(b"x" * 10)
+    sample.pack_tar_round_robin(str(tmp_path / "extra"), str(second), shards=1, prefix="val")
+    code, stdout, _ = run(capsys, "ls", str(first), str(second))
+    assert code == 0 and stdout.split() == ["train", "val"]
+    code, stdout, _ = run(capsys, "ls", str(first), str(second / "val-000000.tar"), "--path", "val", "-l")
+    assert code == 0 and "only.bin" in stdout and "val-000000.tar" in stdout
+    code, stdout, _ = run(capsys, "ls", str(first), str(second), "val")  # the short form: PATH last
+    assert code == 0 and stdout.split() == ["only.bin"]
