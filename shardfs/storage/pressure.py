@@ -60,7 +60,9 @@ class PressureWatcher:
         self.configured = cache.budget
         self.groups = memory_cgroups()
         bound = min([g.limit for g in self.groups] + [meminfo("MemTotal")])
-        self.low = max(128 * MiB, bound // 16)
+        # 1/16 of the limit, at least 128 MiB, but at most 1/8 of a small limit: with
+        # --mem=300M the default budget (half the room) must fit with headroom to spare.
+        self.low = max(bound // 16, min(128 * MiB, bound // 8))
         self.high = 2 * self.low
         v2 = [g for g in self.groups if g.v2]
         self.psi_file = f"{v2[0].folder}/memory.pressure" if v2 else "/proc/pressure/memory"
