@@ -1,5 +1,6 @@
 """Mounts inside users' jobs: `shardfs run`, the Python API, a budget that fits the job's cgroup."""
 
+import contextlib
 import fcntl
 import json
 import os

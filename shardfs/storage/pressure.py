@@ -143,5 +143,7 @@ class PressureWatcher:
                      headroom >> 20, where, budget >> 20, target >> 20, self.configured >> 20)
 
     def figures(self) -> dict:
-        return {"budget_configured_bytes": self.configured, "budget_bytes": self.cache.budget,
-                "headroom_bytes": self.headroom, "state": "short" if self.short else "calm" if self.cache.budget >= self.configured else "recovering", **self.counts}
+        budget = self.cache.budget
+        state = "short" if self.short else "calm" if budget >= self.configured else "recovering"
+        return {"budget_configured_bytes": self.configured, "budget_bytes": budget,
+                "headroom_bytes": self.headroom, "state": state, **self.counts}
