@@ -25,13 +25,13 @@ class Case:
     reference: Path  # what `tar -x` made of them
 
 
-def make_tree(root: Path, seed: int = 0) -> Path:
+def make_tree(root: Path, seed: int = 0, big: int = 200_000) -> Path:
     """Every kind of member the writers know: long names and link targets, hard links, symlinks,
     an empty file and directory, a real sparse file (holes made by seeking), a fifo."""
     rng = random.Random(seed)
     blob = lambda n: rng.randbytes(n)  # noqa: E731
     files = {"plain/small.txt": b"hello\n", "plain/empty": b"", "plain/block.bin": blob(512),
-             "plain/big.bin": blob(200_000), LONG_100: blob(700), LONG_255: blob(1500), UNICODE: "ünï\n".encode(),
+             "plain/big.bin": blob(big), LONG_100: blob(700), LONG_255: blob(1500), UNICODE: "ünï\n".encode(),
              "sparse/after.txt": b"after the sparse file\n"}
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,8 @@ class TarFormat:
         pax: dict[bytes, bytes] = {}
         long_name = long_link = None
         continued = False
+        pending: set[bytes] = set()  # the kinds of extended header (x, L, K) read for the coming member
+        repeated = False
         while pos + BLOCK <= size:
             header = win.get(pos, BLOCK)
             if header.count(0) == BLOCK:
@@ -146,6 +148,9 @@ class TarFormat:
                 if data_at + data_size > size:
                     raise ShardFormatError(f"truncated inside the extended header at offset {pos}")
                 data = win.get(data_at, data_size)
+                if typeflag != b"g":
+                    repeated |= typeflag in pending
+                    pending.add(typeflag)
                 if typeflag == b"x":
                     pax = _pax_records(data)
                 elif typeflag == b"g":
@@ -172,6 +177,13 @@ class TarFormat:
             link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
             pax, long_name, long_link = {}, None, None
             rest_of_a_file, continued = continued, False
+            if pending:
+                pending.clear()
+            if repeated:  # GNU tar keeps the last, tarfile and others the first: no one right answer
+                repeated, pos = False, next_pos
+                shown = name.decode("utf-8", "backslashreplace")
+                result.warnings.append(f"member {shown}: two extended headers of one kind (readers differ) not served")
+                continue
 
             try:
                 if b"size" in attrs:
