@@ -187,3 +187,10 @@ def test_numbers_are_plain_octal(tmp_path, field):
     path.write_bytes(archive(bytes(h) + b"hello".ljust(512, b"\0")))
     result = TAR.scan(str(path))
     assert result.members == [] and "bad number field" in result.error
+
+
+def test_pax_size_beyond_the_octal_field_wins(tmp_path):
+    path = tmp_path / "s.tar"
+    path.write_bytes(archive(_pax(size=b"5"), header(b"big", 0) + b"hello".ljust(512, b"\0"), member(b"next", b"n")))
+    result = TAR.scan(str(path))
+    assert [(r.path, _read(path, r)) for r in result.members] == [(b"big", b"hello"), (b"next", b"n")]

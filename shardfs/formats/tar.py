@@ -31,6 +31,7 @@ _SKIPPED = {
 }
 _IGNORED = {b"V"}  # a GNU volume label: tar -x creates nothing for it either
 _SPARSE_PAX = b"GNU.sparse."  # PAX sparse formats 0.0, 0.1 and 1.0 on a regular typeflag
+_SPARSE_STAR = b"SCHILY.realsize"  # star's and libarchive's name for a sparse file's real size
 _SPARSE_NOTE = "sparse file (PAX GNU.sparse records: its holes are not one byte range) not served"
 
 
@@ -90,7 +91,7 @@ def _name_field(field: bytes) -> bytes:
 
 def _is_sparse(attrs: dict[bytes, bytes]) -> bool:
     """Whether a regular member's PAX records say its data area holds a sparse map and data blocks."""
-    return any(key.startswith(_SPARSE_PAX) or key == b"SCHILY.realsize" for key in attrs)
+    return any(key.startswith(_SPARSE_PAX) or key == _SPARSE_STAR for key in attrs)
 
 
 def _skip_sparse_extensions(win: Window, data_at: int, size: int) -> int:
@@ -128,6 +129,9 @@ class TarFormat:
         continued = False
         pending: set[bytes] = set()  # the kinds of extended header (x, L, K) read for the coming member
         repeated = False
+        # Whether PAX records may mark the coming member (or all members) sparse: a substring test
+        # on the records' bytes, so that the per-member dict walk is paid by sparse archives only.
+        maybe_sparse = maybe_sparse_global = False
         while pos + BLOCK <= size:
             header = win.get(pos, BLOCK)
             if header.count(0) == BLOCK:
@@ -153,8 +157,10 @@ class TarFormat:
                     pending.add(typeflag)
                 if typeflag == b"x":
                     pax = _pax_records(data)
+                    maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
                 elif typeflag == b"g":
                     records = _pax_records(data)
+                    maybe_sparse_global |= _SPARSE_PAX in data or _SPARSE_STAR in data
                     # GNU tar's posix multi-volume: a volume's global header names the file whose
                     # rest comes next; it describes that one member only.
                     continued = b"GNU.volume.offset" in records
@@ -176,6 +182,7 @@ class TarFormat:
             name = attrs.get(b"path", name)
             link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
             pax, long_name, long_link = {}, None, None
+            sparse, maybe_sparse = (maybe_sparse or maybe_sparse_global) and _is_sparse(attrs), False
             rest_of_a_file, continued = continued, False
             if pending:
                 pending.clear()
@@ -197,7 +204,7 @@ class TarFormat:
             mode = _number(header[100:108]) & 0o7777
 
             if typeflag in _REGULAR and not name.endswith(b"/"):  # a trailing slash: an old-style directory
-                why = _SKIPPED[b"M"] if rest_of_a_file else _SPARSE_NOTE if attrs and _is_sparse(attrs) else None
+                why = _SKIPPED[b"M"] if rest_of_a_file else _SPARSE_NOTE if sparse else None
                 if why is not None:
                     shown = attrs.get(b"GNU.sparse.name", name).decode("utf-8", "backslashreplace")
                     result.warnings.append(f"member {shown}: {why}")
