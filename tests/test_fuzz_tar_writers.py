@@ -199,7 +199,8 @@ def test_mutated_writer_archives(seeds, pick, plan):
 
 
 @pytest.mark.slow
-@settings(max_examples=40_000, **FUZZ)
+@pytest.mark.timeout(1800)  # ten times the default run's cases, with longer edit lists
+@settings(max_examples=25_000, **FUZZ)
 @given(pick=st.integers(0, 1000), plan=st.lists(edits, min_size=1, max_size=8))
 def test_mutated_writer_archives_long_run(seeds, pick, plan):
     _fuzz(seeds, pick, plan)

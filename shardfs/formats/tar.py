@@ -101,7 +101,7 @@ def _skip_sparse_extensions(win: Window, data_at: int, size: int) -> int:
             raise ShardFormatError(f"truncated inside a GNU sparse map at offset {data_at}")
         extension = win.get(data_at, BLOCK)
         data_at += BLOCK
-        if not extension[504]:  # isextended: another block follows
+        if not extension[504]:  # its isextended byte: set when another block of the map follows
             return data_at
 
 
