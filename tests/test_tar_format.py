@@ -163,7 +163,7 @@ def test_constructs_that_are_not_one_byte_range_are_left_out(tmp_path):
         _pax(path=b"first"), _pax(path=b"second"), member(b"twice", b"?"),
         member(b"after", b"still read"),
     ))
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert [(r.path, _read(path, r)) for r in result.members] == [(b"after", b"still read")]
     assert [w.split(":")[0] for w in result.warnings] == ["member old-sparse", "member real/name", "member part",
                                                           "member second"]
@@ -174,7 +174,7 @@ def test_dumpdirs_and_slash_ended_regular_members_are_directories(tmp_path):
     path = tmp_path / "d.tar"
     path.write_bytes(archive(member(b"inc/", b"Yfile\0Nold\0\0", typeflag=b"D"), member(b"v7dir/", typeflag=b"\0"),
                              member(b"inc/file", b"data")))
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert [(r.path, r.kind) for r in result.members] == [(b"inc/", Kind.DIR), (b"v7dir/", Kind.DIR),
                                                            (b"inc/file", Kind.FILE)]
 
@@ -187,12 +187,12 @@ def test_numbers_are_plain_octal(tmp_path, field):
     h[148:156] = b"%06o\0 " % sum(h)
     path = tmp_path / "o.tar"
     path.write_bytes(archive(bytes(h) + b"hello".ljust(512, b"\0")))
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert result.members == [] and "bad number field" in result.error
 
 
 def test_pax_size_beyond_the_octal_field_wins(tmp_path):
     path = tmp_path / "s.tar"
     path.write_bytes(archive(_pax(size=b"5"), header(b"big", 0) + b"hello".ljust(512, b"\0"), member(b"next", b"n")))
-    result = TAR.scan(str(path))
+    result = TAR.scan(open_shard(str(path)))
     assert [(r.path, _read(path, r)) for r in result.members] == [(b"big", b"hello"), (b"next", b"n")]

@@ -14,7 +14,8 @@ import pytest
 
 import tar_corpus
 from conftest import needs_fuse
-from shardfs import index, names
+from shardfs.index import names
+from shardfs.index import shard_index as index
 from shardfs.formats.base import Kind
 
 SHOWN_IN_MOUNT = ["gnutar-gnu", "gnutar-posix-sparse-1.0", "gnutar-incremental-level1", "bsdtar-pax",
