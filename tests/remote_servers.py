@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from shardfs.mount import stop_child
+from benchlib.mounts import stop_child
 
 ACCESS_KEY, SECRET_KEY = "AKIDSHARDFSTEST01", "shardfs-test-secret-value-0123456789"
 

@@ -257,7 +257,7 @@ def test_storage_options_in_a_config_file_and_as_fstab_options(bucket, tar_shard
 
 
 def test_lz4_shards_and_shardfs_index_on_s3(bucket, sample_tree, tar_shards, moto_endpoint, mount, tmp_path):
-    from shardfs import sample
+    from benchlib import sample
     from shardfs.formats.lz4shard import Lz4ShardWriter
 
     files = sample.files_under(str(sample_tree))

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import needs_fuse, shardfs_cmd
+from benchlib import sample
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
 from shardfs import index as shard_index
-from shardfs import labels, layouts, sample
+from shardfs import labels, layouts
 from shardfs.config import MountConfig, apply_options, check, parse_config, to_args
 from shardfs.errors import UsageError
 

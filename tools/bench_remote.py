@@ -29,11 +29,11 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, REPO)
+from benchlib.cli import REPO, shardfs
+from benchlib.mounts import stop_child
 
-from remote_servers import ACCESS_KEY, NGINX_CONF, SECRET_KEY, _stop, _wait_for_port, free_port  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the tests' S3 and HTTP servers
+from remote_servers import ACCESS_KEY, NGINX_CONF, SECRET_KEY, _wait_for_port, free_port  # noqa: E402
 
 MEMBER = 100_000
 
@@ -55,13 +55,6 @@ def make_shards(out: str, shards: int, shard_mb: int) -> int:
     return total
 
 
-def shardfs(*args, env=None) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args[:2])} failed:\n{done.stderr}")
-    return done
-
-
 def drop_page_cache(folder: str) -> None:
     for name in os.listdir(folder):
         fd = os.open(os.path.join(folder, name), os.O_RDONLY)
@@ -81,14 +74,14 @@ def read_all(root: str) -> int:
 
 
 def one_run(source: str, options: list[str], mnt: str, env: dict, log: str, expect: int) -> tuple[float, dict]:
-    shardfs("mount", source, mnt, "--cache-size", "4G", "--log-file", log, *options, env=env)
+    shardfs("mount", source, mnt, "--cache-size", "4G", "--log-file", log, *options, env=env, check=True)
     try:
         started = time.perf_counter()
         got = read_all(mnt)
         seconds = time.perf_counter() - started
         stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
     finally:
-        shardfs("umount", mnt, env=env)
+        shardfs("umount", mnt, env=env, check=True)
     if got != expect:
         raise RuntimeError(f"{source}: read {got} bytes, expected {expect}")
     return seconds, stats
@@ -160,7 +153,7 @@ def main() -> int:
             print(f"  {label}: {', '.join(f'{t:.2f} s' for t in times)}", flush=True)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_child(proc)
 
     base = rows[0][1]
     runs = [" / ".join(f"{r:.0f}" for r in rates) for _, _, rates, _ in rows]

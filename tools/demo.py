@@ -7,19 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+from benchlib import sample
+from benchlib.cli import shardfs
 from torchvision import datasets, transforms
-
-from shardfs import sample
-
-
-def shardfs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True)
 
 
 def epoch(root: str, workers: int) -> tuple[int, float]:

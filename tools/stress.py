@@ -27,8 +27,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import shardfs  # noqa: E402
+import shardfs
 
 OVERHEAD = 160 << 20  # threads, the lz4 block cache, allocator slack: what RSS may exceed budget + index by
 
