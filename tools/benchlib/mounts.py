@@ -121,13 +121,16 @@ class Mounts:
         self._owner = os.getpid()
 
     def __enter__(self) -> "Mounts":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        self._saved = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def __exit__(self, *exc) -> None:
-        for m in list(self.live.values()):
-            self.unmount(m)
+        try:
+            for m in list(self.live.values()):
+                self.unmount(m)
+        finally:
+            for sig, handler in self._saved.items():
+                signal.signal(sig, handler)
 
     def _on_signal(self, signum, _frame) -> None:
         if os.getpid() != self._owner:
