@@ -278,7 +278,8 @@ def disturbed(results: list[dict]) -> str:
     """A note for the table: what other processes did during these runs."""
     seen = [r["others"] for r in results if "others" in r]
     n = sum(o["foreign_drops"] for o in seen)
-    out = f"; others' CPU up to {100 * max(o['background_cpu'] for o in seen):.0f}%" if seen else ""
+    cpu = [o["background_cpu"] for o in seen if o["background_cpu"] is not None]  # None: too short to judge
+    out = f"; others' CPU up to {100 * max(cpu):.0f}%" if cpu else ""
     return out + (f"; DISTURBED: {n} page-cache drops by other processes during these runs" if n else "")
 
 
