@@ -77,7 +77,8 @@ def absolute(label: str, method: str, value, rule: str, unit: str = "") -> dict:
         return {"target": label, "method": method, "value": "not measured", "rule": rule, "result": "n/a"}
     op, limit = rule.split()
     ok = value <= float(limit) if op == "<=" else value >= float(limit)
-    return {"target": label, "method": method, "value": f"{number(value)}{unit}", "rule": rule + unit,
+    text = f"{value:.3f}" if unit == "x" else number(value)  # multiples of a size: 1.012x, not 1x
+    return {"target": label, "method": method, "value": f"{text}{unit}", "rule": rule + unit,
             "result": "PASS" if ok else "FAIL"}
 
 
