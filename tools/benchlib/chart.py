@@ -6,7 +6,7 @@ import statistics
 
 
 def draw(path: str, title: str, passes: list[tuple[str, dict[str, list[float]]]], methods: list[str],
-         ylabel: str = "files/s; decode: images/s (median of rounds, whiskers min-max)") -> str:
+         ylabel: str = "files/s (decode: images/s)") -> str:
     """One group of bars per pass ``(label, {method: [values per round]})``, one bar per method."""
     import matplotlib
 
@@ -29,7 +29,7 @@ def draw(path: str, title: str, passes: list[tuple[str, dict[str, list[float]]]]
     ax.set_xticks(range(len(passes)), [label for label, _ in passes], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title + "\nbars: median of rounds; whiskers: min-max", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
