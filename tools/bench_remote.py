@@ -20,7 +20,6 @@ import argparse
 import io
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from benchlib.cli import REPO, shardfs
+from benchlib.cli import shardfs
 from benchlib.mounts import stop_child
-
-sys.path.insert(0, os.path.join(REPO, "tests"))  # the tests' S3 and HTTP servers
-from remote_servers import ACCESS_KEY, NGINX_CONF, SECRET_KEY, _wait_for_port, free_port  # noqa: E402
+from benchlib.servers import ACCESS_KEY, SECRET_KEY, start_moto, start_nginx
 
 MEMBER = 100_000
 
@@ -110,33 +107,21 @@ def main() -> int:
 
     procs: list[subprocess.Popen] = []
     try:
-        moto_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for_port(moto_port, procs[-1], "moto server")
-        endpoint = f"http://127.0.0.1:{moto_port}"
+        proc, endpoint = start_moto(subprocess.DEVNULL)
+        procs.append(proc)
         s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
                           aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
         s3.create_bucket(Bucket="bench")
         for name in sorted(os.listdir(shards_dir)):
             s3.upload_file(os.path.join(shards_dir, name), "bench", f"ds/{name}")
-
-        prefix = os.path.join(work, "nginx")
-        os.makedirs(os.path.join(prefix, "tmp"), exist_ok=True)
-        http_port = free_port()
-        with open(os.path.join(prefix, "nginx.conf"), "w") as f:
-            f.write(NGINX_CONF.format(prefix=prefix, root=shards_dir, port=http_port, extra="",
-                                      user="user root;" if os.getuid() == 0 else ""))
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        procs.append(subprocess.Popen([nginx, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"),
-                                       "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for_port(http_port, procs[-1], "nginx")
+        proc, http = start_nginx(os.path.join(work, "nginx"), shards_dir)
+        procs.append(proc)
 
         last = f"{args.shards - 1:06d}"
         sources = [
             ("local disk", shards_dir, []),
             ("S3 (moto)", "s3://bench/ds/", ["--option", f"endpoint_url={endpoint}"]),
-            ("HTTP (nginx)", f"http://127.0.0.1:{http_port}/train-{{000000..{last}}}.tar", []),
+            ("HTTP (nginx)", f"{http}/train-{{000000..{last}}}.tar", []),
         ]
         rows = []
         for label, source, options in sources:

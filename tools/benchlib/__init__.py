@@ -9,6 +9,7 @@
     rounds    rounds of passes over every method, in rotating order, redone when others disturbed them
     tables    result tables: medians, spreads (min-max) and ratios to a baseline; PASS/FAIL targets
     chart     the results as a PNG chart (matplotlib)
+    servers   real S3 (moto) and HTTP (nginx) servers on loopback, for remote shards
     sample    real JPEGs in ImageFolder class folders, and tar shards of them
 
 Tools import it as `benchlib` (a script's own directory is on sys.path); the tests through pytest's
