@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from conftest import REPO, needs_fuse
+from benchlib.cli import REPO
+from conftest import needs_fuse
 from benchlib import sample
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
 
