@@ -17,6 +17,7 @@ I/O error) turns the tier off with one log line: reads go to shared storage, as 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -358,5 +359,7 @@ class DiskTier:
         with self._lock:
             for entry in self.entries.values():
                 if entry is not None:
+                    with contextlib.suppress(OSError):
+                        os.utime(entry.file.path)  # used until now, for the LRU order of eviction
                     entry.file.close()
             self.entries.clear()
