@@ -2,6 +2,7 @@
 
 import os
 import random
+import time
 
 import pytest
 
@@ -88,6 +89,9 @@ def test_bounded_lru_of_idle_files_and_no_thrash(tmp_path):
         assert snap["shards"] == 2 and snap["shards_refused"] == 2 and snap["shards_evicted"] == 0
     finally:
         tier.close()
+    now = time.time()
+    for age, cached in zip((200, 100), sorted(tierfile.describe(str(tmp_path / "tier")), key=lambda c: c.source)):
+        os.utime(cached.path, (now - age, now - age))  # shard 0 used longest ago
     later = DiskTier(str(tmp_path / "tier"), str(bound))
     try:
         later.pread(shards[3], 0, 100)  # makes room by removing the least recently used idle file
