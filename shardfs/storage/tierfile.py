@@ -186,6 +186,12 @@ class TierFile:
         os.pwrite(self.fd, RECORD.pack(RECORD_MAGIC, *crcs), HEADER + chunk * RECORD.size)
         return crcs
 
+    def forget(self, offset: int, length: int) -> None:
+        """Bytes of the shard held elsewhere now (RAM) or only for later: drop the kernel's copy
+        (dirty pages are written back first)."""
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, self.data_at + offset, length, os.POSIX_FADV_DONTNEED)
+
     def read_verified(self, chunk: int, crcs: tuple[int, ...], lo: int, hi: int, into=None):
         """Bytes lo..hi of the shard (within ``chunk``) if the blocks holding them match ``crcs``,
         else None. With ``into`` (a buffer of the whole shard) they are read into it instead."""
