@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from conftest import needs_fuse, shardfs_cmd
 from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
 from shardfs.service.mount import process_alive
+from shardfs.storage.placement import is_local_disk
 from shardfs.storage.tierfile import TierFile, read_header
 
 pytestmark = needs_fuse
@@ -300,3 +302,45 @@ def test_cache_ls_and_clear(shards, mount, tmp_path):
     assert "idle" in shardfs_cmd("cache", "ls", str(tier), check=True).stdout
     assert shardfs_cmd("cache", "clear", str(tier), check=True).stdout.startswith("4 shards removed")
     assert cached(tier) == []
+
+
+CHILD = """
+import hashlib, json, os, sys
+root = os.environ["SHARDFS_MOUNT"]
+digests = json.load(open(sys.argv[1]))
+for name, want in digests.items():
+    with open(os.path.join(root, name), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == want, name
+print(json.dumps(json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["disk"]))
+"""
+
+
+def test_shardfs_run_in_a_batch_job_uses_the_jobs_local_scratch(shards, tmp_path):
+    src, digests, total = shards
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    if not is_local_disk(str(scratch)):
+        pytest.skip(f"{scratch} is not on a local disk filesystem")
+    (tmp_path / "digests.json").write_text(json.dumps(digests))
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_TMPDIR", "CACHE_DIRECTORY")}
+    env.update(SLURM_JOB_ID="4242", TMPDIR=str(scratch))
+    done = shardfs_cmd("run", str(src), "--cache-size", SMALL_RAM, "--", sys.executable, "-c", CHILD,
+                       str(tmp_path / "digests.json"), env=env)
+    assert done.returncode == 0, done.stderr
+    disk = json.loads(done.stdout.strip().splitlines()[-1])
+    assert disk["dir"] == str(scratch / f"shardfs-cache-{os.getuid()}") and disk["hits"] + disk["bytes_written"] > 0
+    env.pop("SLURM_JOB_ID")  # not a batch job: no tier unless asked for
+    done = shardfs_cmd("run", str(src), "--", sys.executable, "-c", "import os, json; "
+                       "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.fuse.stats')))",
+                       env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_python_api_takes_the_disk_tier_options(shards, tmp_path):
+    import shardfs
+
+    src, digests, total = shards
+    with shardfs.mounted(src, disk_cache=tmp_path / "tier", disk_cache_size="1G", cache_size=SMALL_RAM) as root:
+        read_all(root, digests)
+        disk = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["disk"]
+    assert disk["dir"] == str(tmp_path / "tier") and disk["bound_bytes"] == 1 << 30

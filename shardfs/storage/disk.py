@@ -59,8 +59,8 @@ class Entry:
 
 class DiskTier:
     def __init__(self, directory: str, size: str | None = None, loaders: int = 2):
-        prepare_dir(directory)
-        self.dir = directory
+        self.dir = os.path.abspath(directory)  # libfuse moves the daemon to / once mounted
+        prepare_dir(self.dir)
         self.bound = bound_of(directory, size or DEFAULT_SIZE)
         self.held = sum(logical_size(e) for e in cache_files(directory))
         self.entries: dict[Shard, Entry | None] = {}  # None: not cached on disk (see _open)
