@@ -85,13 +85,19 @@ def options(tier, ram: str, *more: str) -> tuple[str, ...]:
     return ("--disk-cache", str(tier), "--cache-size", ram, *more)
 
 
+def mount_and_fill(mount, source, tier, ram: str, digests: dict, total: int, *more: str):
+    """A mount with a disk tier, every file read (and checked) once, the tier filled."""
+    m = mount(source, options=options(tier, ram, *more))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    return m
+
+
 @pytest.mark.parametrize("ram", [SMALL_RAM, BIG_RAM])
 def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, mount, tmp_path, ram):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, ram))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, ram, digests, total)
     first = m.stats()
     assert first["cache"]["storage_bytes_read"] <= 1.05 * total
     assert first["disk"]["bytes_written"] == total and first["disk"]["shards"] == 4
@@ -152,9 +158,7 @@ def flip_byte(cache_file: str, offset_in_shard: int) -> None:
 def test_a_flipped_byte_on_local_disk_is_read_again_from_storage(shards, mount, tmp_path, ram):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, ram))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, ram, digests, total)
     assert shardfs_cmd("umount", m.path).returncode == 0
     victim = next(c for c in cached(tier) if c["source"].endswith("part-01.tar"))
     flip_byte(victim["path"], 700_000)  # inside the first chunk, past the first member's header
@@ -174,9 +178,7 @@ def test_a_flipped_byte_on_local_disk_is_read_again_from_storage(shards, mount, 
 def test_a_changed_shard_is_dropped_from_the_tier(shards, mount, tmp_path):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, SMALL_RAM))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, SMALL_RAM, digests, total)
     assert shardfs_cmd("umount", m.path).returncode == 0
     old = {c["source"]: c for c in cached(tier)}
 
@@ -279,9 +281,7 @@ def test_remote_shards_go_through_the_tier(shards, mount, tmp_path, monkeypatch,
         source = request.getfixturevalue("bucket").upload_dir(src)
         more = ("--option", f"endpoint_url={request.getfixturevalue('moto_endpoint')}")
     tier = tmp_path / "tier"
-    m = mount(source, options=options(tier, SMALL_RAM, *more))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, source, tier, SMALL_RAM, digests, total, *more)
     assert shardfs_cmd("umount", m.path).returncode == 0
 
     again = mount(source, options=options(tier, SMALL_RAM, *more), name="again")
@@ -293,9 +293,7 @@ def test_remote_shards_go_through_the_tier(shards, mount, tmp_path, monkeypatch,
 def test_cache_ls_and_clear(shards, mount, tmp_path):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, BIG_RAM))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, BIG_RAM, digests, total)
     listing = shardfs_cmd("cache", "ls", str(tier), check=True).stdout
     assert "4 shards" in listing and listing.count("in use") == 4
     assert shardfs_cmd("umount", m.path).returncode == 0
