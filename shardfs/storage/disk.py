@@ -51,8 +51,8 @@ class Entry:
     def __init__(self, file: TierFile, filler: bool):
         # filler: we fetch its missing chunks (else another daemon does, and we wait for them)
         self.file, self.filler = file, filler
-        self.crcs = file.records()
-        self.state = bytearray(VALID if r is not None else MISSING for r in self.crcs)
+        # Checksums stay in the file (read with the chunk): memory is one byte per MiB of shard.
+        self.state = bytearray(VALID if r is not None else MISSING for r in file.records())
         self.cond = threading.Condition()
         self.fill_queued = False
 
@@ -145,14 +145,13 @@ class DiskTier:
         progress, stalled_at = None, time.monotonic() + STALL_S
         while time.monotonic() < stalled_at:
             try:
-                crcs = entry.file.record(chunk)
+                there = entry.file.record(chunk) is not None
                 st = os.fstat(entry.file.fd)
             except OSError as exc:
                 self._disable(exc)
                 return
-            if crcs is not None:
+            if there:
                 with entry.cond:
-                    entry.crcs[chunk] = crcs
                     if entry.state[chunk] == MISSING:
                         entry.state[chunk] = VALID
                 return
@@ -171,7 +170,8 @@ class DiskTier:
         if lo is None:
             lo, hi = chunk * CHUNK, min(chunk * CHUNK + CHUNK, entry.file.size)
         try:
-            got = entry.file.read_verified(chunk, entry.crcs[chunk], lo, hi, into)
+            crcs = entry.file.record(chunk)
+            got = entry.file.read_verified(chunk, crcs, lo, hi, into) if crcs is not None else None
         except OSError as exc:
             self._disable(exc)
             got = None
@@ -218,14 +218,13 @@ class DiskTier:
                 self._release(entry, [chunk])
                 continue
             try:
-                crcs = entry.file.write_chunk(chunk, piece)
+                entry.file.write_chunk(chunk, piece)
             except OSError as exc:
                 self._disable(exc)
                 self._release(entry, [chunk])
                 continue
             self._count("bytes_written", len(piece))
             with entry.cond:
-                entry.crcs[chunk] = crcs
                 entry.state[chunk] = VALID
                 entry.cond.notify_all()
 

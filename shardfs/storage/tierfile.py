@@ -25,6 +25,7 @@ header, and two daemons creating the same shard's file at once end up sharing on
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -178,13 +179,12 @@ class TierFile:
         fields = RECORD.unpack(raw)
         return fields[1:] if fields[0] == RECORD_MAGIC else None
 
-    def write_chunk(self, chunk: int, data) -> tuple[int, ...]:
+    def write_chunk(self, chunk: int, data) -> None:
         """Data first, then its record (see the module's docstring)."""
         crcs = checksums(data)
         if os.pwrite(self.fd, data, self.data_at + chunk * CHUNK) != len(data):
-            raise OSError(28, "short write (disk full?)")
+            raise OSError(errno.ENOSPC, "short write (disk full?)")
         os.pwrite(self.fd, RECORD.pack(RECORD_MAGIC, *crcs), HEADER + chunk * RECORD.size)
-        return crcs
 
     def forget(self, offset: int, length: int) -> None:
         """Bytes of the shard held elsewhere now (RAM) or only for later: drop the kernel's copy
