@@ -112,6 +112,9 @@ def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, moun
     assert second["cache"]["storage_bytes_read"] == 0
     assert second["disk"]["hits"] > 0 and second["disk"]["bytes_written"] == 0
     assert re.search(r"^disk\s.*held_bytes=\d+.*hits=\d+", shardfs_cmd("stats", again.path, check=True).stdout, re.M)
+    assert "disk tier" in shardfs_cmd("stats", again.path, "--watch", "--count", "1", check=True).stdout
+    metrics = shardfs_cmd("stats", again.path, "--format", "prometheus", check=True).stdout
+    assert re.search(r"^shardfs_disk_hits_total\{.*\} [1-9]", metrics, re.M) and "shardfs_disk_bytes{" in metrics
 
 
 def test_two_daemons_share_one_directory_at_once(shards, mount, tmp_path):
