@@ -90,6 +90,9 @@ class TierFile:
         self.size = ident["size"]
         self.nchunks = -(-self.size // CHUNK)
         self.data_at = -(-(HEADER + self.nchunks * RECORD.size) // PAGE) * PAGE
+        # We read whole checksum blocks or whole chunks: kernel readahead would only read more.
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
     @classmethod
     def open_or_create(cls, directory: str, ident: dict) -> TierFile | None:
