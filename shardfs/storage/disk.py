@@ -237,11 +237,19 @@ class DiskTier:
     # ---- background fill ---------------------------------------------------------------------
 
     def _queue_fill(self, shard: Shard, entry: Entry) -> None:
-        if entry.filler and not entry.fill_queued and MISSING in entry.state:
+        if entry.filler and not entry.fill_queued and not self._closed and MISSING in entry.state:
             entry.fill_queued = True
             self._fills.submit(self._fill, shard, entry)
 
     def _fill(self, shard: Shard, entry: Entry) -> None:
+        try:
+            self._fill_missing(shard, entry)
+        except Exception:  # a loader must survive anything one shard does
+            log.exception("filling %s into the disk tier failed", shard.path)
+        finally:
+            entry.fill_queued = False
+
+    def _fill_missing(self, shard: Shard, entry: Entry) -> None:
         """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
         cursor = 0
         while not (self._closed or self.disabled or shard.broken):
@@ -259,7 +267,6 @@ class DiskTier:
             except ShardIOError:
                 continue  # left to the readers that need it
             entry.file.forget(first * CHUNK, count * CHUNK)  # for later epochs, not for now
-        entry.fill_queued = False
 
     # ---- admission and eviction ---------------------------------------------------------------
 
