@@ -345,3 +345,18 @@ def test_python_api_takes_the_disk_tier_options(shards, tmp_path):
         read_all(root, digests)
         disk = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["disk"]
     assert disk["dir"] == str(tmp_path / "tier") and disk["bound_bytes"] == 1 << 30
+
+
+def test_a_tier_smaller_than_the_dataset_stays_bounded_and_never_thrashes(shards, mount, tmp_path):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    bound = total // 2
+    m = mount(src, options=options(tier, SMALL_RAM, "--disk-cache-size", str(bound)))
+    read_all(m.path, digests)
+    kept = sum(c["size"] for c in cached(tier))
+    wait_filled(tier, kept)  # the background fills of the admitted shards end
+    first = storage_bytes(m)
+    assert first <= 1.05 * total  # nothing fetched whole and then dropped
+    assert 0 < kept <= bound and m.stats()["disk"]["shards_refused"] > 0
+    read_all(m.path, digests, seed=1)
+    assert storage_bytes(m) - first <= total - kept + 0.05 * total  # the tier's part came from local disk
