@@ -80,7 +80,7 @@ def test_fstab_type_fuse_shardfs_through_mount_fuse3(tar_shards, tmp_path):
                                "-o", "ro,nofail,allow_other,cache_size=32M,prefetch=all"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
+        stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
         assert stats["cache"]["budget_bytes"] == 32 << 20 and stats["cache"]["prefetch"] == "all"
         assert "allow_other" in open("/proc/self/mounts").read().split(f" {mnt} ")[1].split()[1]
         assert subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0
