@@ -312,7 +312,7 @@ digests = json.load(open(sys.argv[1]))
 for name, want in digests.items():
     with open(os.path.join(root, name), "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == want, name
-print(json.dumps(json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["disk"]))
+print(json.dumps(json.loads(os.getxattr(root, "user.shardfs.stats"))["disk"]))
 """
 
 
@@ -332,7 +332,7 @@ def test_shardfs_run_in_a_batch_job_uses_the_jobs_local_scratch(shards, tmp_path
     assert disk["dir"] == str(scratch / f"shardfs-cache-{os.getuid()}") and disk["hits"] + disk["bytes_written"] > 0
     env.pop("SLURM_JOB_ID")  # not a batch job: no tier unless asked for
     done = shardfs_cmd("run", str(src), "--", sys.executable, "-c", "import os, json; "
-                       "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.fuse.stats')))",
+                       "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')))",
                        env=env)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
@@ -343,7 +343,7 @@ def test_python_api_takes_the_disk_tier_options(shards, tmp_path):
     src, digests, total = shards
     with shardfs.mounted(src, disk_cache=tmp_path / "tier", disk_cache_size="1G", cache_size=SMALL_RAM) as root:
         read_all(root, digests)
-        disk = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["disk"]
+        disk = json.loads(os.getxattr(root, "user.shardfs.stats"))["disk"]
     assert disk["dir"] == str(tmp_path / "tier") and disk["bound_bytes"] == 1 << 30
 
 
