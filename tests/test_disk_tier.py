@@ -330,10 +330,12 @@ def test_shardfs_run_in_a_batch_job_uses_the_jobs_local_scratch(shards, tmp_path
     assert done.returncode == 0, done.stderr
     disk = json.loads(done.stdout.strip().splitlines()[-1])
     assert disk["dir"] == str(scratch / f"shardfs-cache-{os.getuid()}") and disk["hits"] + disk["bytes_written"] > 0
+    has_tier = ("import os, json; "
+                "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')))")
+    done = shardfs_cmd("run", str(src), "--disk-cache", "off", "--", sys.executable, "-c", has_tier, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
     env.pop("SLURM_JOB_ID")  # not a batch job: no tier unless asked for
-    done = shardfs_cmd("run", str(src), "--", sys.executable, "-c", "import os, json; "
-                       "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')))",
-                       env=env)
+    done = shardfs_cmd("run", str(src), "--", sys.executable, "-c", has_tier, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
 
