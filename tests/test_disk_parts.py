@@ -154,3 +154,16 @@ def test_a_filler_that_stalls_is_taken_over(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_path_too_long_for_a_header_is_read_directly(tmp_path):
+    data = make_shard(tmp_path / "a.tar", 3000)
+    shard = open_shard(tmp_path / "a.tar")
+    shard.fd()  # opened now: the bytes still come from the file when its path is renamed below
+    shard.path = "/" + "x" * 5000  # as a URL of that length would be
+    tier = DiskTier(str(tmp_path / "tier"), "1G")
+    try:
+        assert tier.pread(shard, 10, 100) == data[10:110]
+        assert tier.snapshot()["shards"] == 0 and not tier.disabled
+    finally:
+        tier.close()

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.memory import parse_size
-from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, identity, logical_size,
+from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, fits, identity, logical_size,
                                       prepare_dir, remove_if_unused)
 
 log = logging.getLogger(__name__)
@@ -284,6 +284,10 @@ class DiskTier:
         with self._lock:
             if shard in self.entries:
                 return self.entries[shard]
+            if not fits(identity(shard)):
+                log.info("%s: path too long for the disk tier; not cached", shard.path)
+                self.entries[shard] = None
+                return None
             if not os.path.exists(os.path.join(self.dir, file_name(shard.path))):
                 if self.refused.get(shard) == self._counts["shards_evicted"]:
                     return None  # did not fit, and nothing left since

@@ -72,6 +72,15 @@ def checksums(data) -> tuple[int, ...]:
     return tuple(crcs + [0] * (BLOCKS - len(crcs)))
 
 
+def header_of(ident: dict) -> bytes:
+    return MAGIC + json.dumps(ident).encode() + b"\n"
+
+
+def fits(ident: dict) -> bool:
+    """Whether a shard's identity fits a header (a path or URL of up to ~4,000 characters)."""
+    return len(header_of(ident)) <= HEADER
+
+
 def read_header(fd: int) -> dict | None:
     raw = os.pread(fd, HEADER, 0)
     if not raw.startswith(MAGIC):
@@ -133,11 +142,8 @@ class TierFile:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # before the name exists: nobody can evict it in between
-            header = MAGIC + json.dumps(ident).encode() + b"\n"
-            if len(header) > HEADER:
-                raise OSError(0, "shard path too long for a cache file header")
             made = cls(fd, path, ident)
-            os.pwrite(fd, header, 0)
+            os.pwrite(fd, header_of(ident), 0)
             os.ftruncate(fd, made.data_at + made.size)
             os.link(tmp, path)  # atomic, and never replaces a file another daemon made meanwhile
             return made
