@@ -37,7 +37,7 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
     sock.bind(str(tmp_path / "notify"))
     sock.settimeout(0.5)
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000",
-           "INVOCATION_ID": "test"}
+           "INVOCATION_ID": "test", "CACHE_DIRECTORY": str(tmp_path / "cache")}  # what CacheDirectory= sets
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", "--config", str(config), "--foreground"],
                               env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -47,6 +47,9 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
         later = _messages(sock, "WATCHDOG=1", seconds=10)
         later += _messages(sock, "STATUS=", seconds=15)
         assert any("reads" in m and "cache" in m for m in later if m.startswith("STATUS="))
+        # the unit's disk tier: in its CacheDirectory by default, shown in STATUS
+        assert any("disk tier" in m for m in later if m.startswith("STATUS="))
+        assert (tmp_path / "cache" / "tier").is_dir()
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=30) == 0
         assert any("STOPPING=1" in m for m in _messages(sock, "STOPPING=1", seconds=5))
