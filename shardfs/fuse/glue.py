@@ -55,17 +55,14 @@ class PlusFUSE(fuse.FUSE):
         return n
 
     def getattr_fuse_3(self, path, buf, fip) -> int:
-        ctypes.memset(buf, 0, ctypes.sizeof(fuse.c_stat))
         self.operations.stat_into(path, buf.contents)
         return 0
 
     def readdir_fuse_3(self, path, buf, filler, offset, fip, flags) -> int:
         plus = FILL_DIR_PLUS if flags & READDIR_PLUS else 0
         st = fuse.c_stat()
-        size = ctypes.sizeof(st)
         entries = self.operations.listing(path.decode(self.encoding, self.errors))
         for index in range(offset, len(entries)):
-            ctypes.memset(ctypes.byref(st), 0, size)
             name = entries.entry_into(index, st)
             if filler(buf, name, st, index + 1, plus) != 0:
                 break  # the kernel's buffer is full: it asks again from this offset

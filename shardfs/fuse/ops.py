@@ -24,6 +24,7 @@ from shardfs.fuse.lib import load as load_fuse
 from shardfs.view.dataset import Dataset
 from shardfs.view.reader import Fetcher, read_member
 from shardfs.storage.base import ShardIOError
+from shardfs.fuse import statbuf
 from shardfs.fuse.stats import STATS_XATTR, Stats
 from shardfs.view.tree import inode_number
 
@@ -57,7 +58,7 @@ class Listing:
         return 2 + len(self.subdirs) + len(self.files)
 
     def entry_into(self, index: int, st) -> bytes:
-        """The name of entry ``index``; its attributes go into ``st`` (a zeroed struct stat)."""
+        """The name of entry ``index``; its attributes go into ``st`` (a struct stat, all written)."""
         view, fs = self.view, self.fs
         if index < 2:
             fs._dir_into(st, view, self.dir if index == 0 else self.parent)
@@ -70,12 +71,6 @@ class Listing:
         m = int(self.files[index - len(self.subdirs)])
         fs._member_into(st, view, m)
         return names.basename_of(view.tree.name(m))
-
-
-def _set_times(st, ns: int) -> None:
-    sec, nsec = divmod(ns, 1_000_000_000)
-    for spec in (st.st_atimespec, st.st_mtimespec, st.st_ctimespec):
-        spec.tv_sec, spec.tv_nsec = sec, nsec
 
 
 def _erofs(*_args, **_kwargs):
@@ -133,30 +128,24 @@ class ShardFS(fuse.Operations):
         return node
 
     # Attributes go straight into libfuse's struct stat (glue.PlusFUSE.getattr_fuse_3 and its
-    # listings): a dict per request and mfusepy's generic copy of it cost more than the lookup.
+    # listings) in one call: a dict per request and mfusepy's generic copy of it cost more than
+    # finding the member.
 
     def _dir_into(self, st, view: Dataset, d: int) -> None:
         info = view.tree.dirs[d]
-        st.st_ino = inode_number(info.path)
-        st.st_mode = stat.S_IFDIR | info.mode
-        st.st_nlink = view.tree.dir_nlink[d]
-        st.st_size, st.st_blocks = 4096, 8
-        st.st_uid, st.st_gid = self.uid, self.gid
-        _set_times(st, int(info.mtime * 1e9))
+        statbuf.fill(st, inode_number(info.path), stat.S_IFDIR | info.mode, view.tree.dir_nlink[d], self.uid,
+                     self.gid, 4096, 8, int(info.mtime * 1e9))
 
     def _member_into(self, st, view: Dataset, m: int) -> None:
         tree = view.tree
         col = tree.col
         size = col.size[m]
-        st.st_ino = inode_number(tree.name(m))
-        st.st_mode = (stat.S_IFLNK if col.kind[m] == _SYMLINK else stat.S_IFREG) | col.mode[m]
-        st.st_nlink = 1
-        st.st_size, st.st_blocks = size, (size + 511) // 512
-        st.st_uid, st.st_gid = self.uid, self.gid
-        _set_times(st, int(col.mtime[m] * 1e9))
+        kind = stat.S_IFLNK if col.kind[m] == _SYMLINK else stat.S_IFREG
+        statbuf.fill(st, inode_number(tree.name(m)), kind | col.mode[m], 1, self.uid, self.gid, size,
+                     (size + 511) // 512, int(col.mtime[m] * 1e9))
 
     def stat_into(self, path: bytes, st) -> None:
-        """getattr: ``path`` as libfuse gives it (bytes, leading slash); ``st`` zeroed."""
+        """getattr: ``path`` as libfuse gives it (bytes, leading slash); all of ``st`` is written."""
         self.stats.op("getattr")
         view = self.view
         node = view.tree.lookup(path[1:])
