@@ -16,7 +16,9 @@ import soak  # noqa: E402
 OTHER_THREADS = 8  # main, signals, notifier, cache loaders: never more than a handful
 
 
-def _check_flat(samples: list[dict], rss_growth_bound: int) -> None:
+def _soak_stays_flat(mnt: str, requests: int, per_thread: int, rss_growth_bound: int) -> None:
+    samples = soak.soak(mnt, requests=requests, width=3 * MAX_THREADS, per_thread=per_thread)
+    assert samples[-1]["requests"] >= requests
     first, last = samples[1], samples[-1]
     tids = set().union(*(s["tids"] for s in samples))
     # A pool that shrinks between bursts makes new workers for each one: thread ids keep changing.
@@ -28,16 +30,10 @@ def _check_flat(samples: list[dict], rss_growth_bound: int) -> None:
 
 @needs_fuse
 def test_bursts_keep_threads_and_rss_flat(tar_shards, mount):
-    m = mount(tar_shards)
-    samples = soak.soak(m.path, requests=40_000, width=3 * MAX_THREADS, per_thread=50)
-    assert samples[-1]["requests"] >= 40_000
-    _check_flat(samples, rss_growth_bound=4 << 20)
+    _soak_stays_flat(mount(tar_shards).path, requests=40_000, per_thread=50, rss_growth_bound=4 << 20)
 
 
 @pytest.mark.slow
 @needs_fuse
 def test_million_requests_keep_threads_and_rss_flat(tar_shards, mount):
-    m = mount(tar_shards)
-    samples = soak.soak(m.path, requests=1_000_000, width=3 * MAX_THREADS, per_thread=100)
-    assert samples[-1]["requests"] >= 1_000_000
-    _check_flat(samples, rss_growth_bound=8 << 20)
+    _soak_stays_flat(mount(tar_shards).path, requests=1_000_000, per_thread=100, rss_growth_bound=8 << 20)
