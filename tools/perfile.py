@@ -34,6 +34,7 @@ import tarfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE = ROOT  # the checkout whose shardfs mounts (--code: A/B of two branches)
 STATS_XATTR = "user.shardfs.fuse.stats"
 
 
@@ -79,7 +80,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def shardfs(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": CODE + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, env=env)
 
 
@@ -210,7 +211,10 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=2000, help="files for the warm per-op figures")
     parser.add_argument("--workdir", default="/tmp/shardfs-perfile")
     parser.add_argument("--mount-arg", action="append", default=[], metavar="ARG")
+    parser.add_argument("--code", default=ROOT, help="checkout whose shardfs serves the mount (default: this one)")
     args = parser.parse_args()
+    global CODE
+    CODE = os.path.abspath(args.code)
 
     work = f"{args.workdir}-{args.files}-{args.folders}-{args.shards}-{args.size}"
     plain, tars = generate(work, args.files, args.folders, args.shards, args.size)
@@ -228,7 +232,7 @@ def main() -> int:
     finally:
         if mount.pid:
             mount.__exit__()
-    print(f"{args.files} files of {args.size // 2}-{args.size} B in {args.folders} folders, {args.shards} shards; "
+    print(f"shardfs from {CODE}; {args.files} files of {args.size // 2}-{args.size} B in {args.folders} folders, {args.shards} shards; "
           f"µs per file (files/s for readers), median of {args.rounds} rounds (min-max)")
     print(f"{'figure':22s} {'plain':>26s} {'shardfs':>26s}")
     for key, values in table["shardfs"].items():
