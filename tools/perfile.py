@@ -35,7 +35,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = ROOT  # the checkout whose shardfs mounts (--code: A/B of two branches)
-STATS_XATTR = "user.shardfs.fuse.stats"
 
 
 def log(msg: str) -> None:
@@ -80,8 +79,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def shardfs(*args: str) -> subprocess.CompletedProcess:
+    # cwd too: `python -m` puts the working directory ahead of PYTHONPATH
     env = {**os.environ, "PYTHONPATH": CODE + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, env=env,
+                          cwd=CODE)
 
 
 class Mount:
@@ -93,7 +94,8 @@ class Mount:
         done = shardfs("mount", self.shards, self.mnt, "--log-file", self.mnt + ".log", *self.extra)
         if done.returncode:
             raise RuntimeError(done.stderr)
-        self.pid = json.loads(os.getxattr(self.mnt, STATS_XATTR))["pid"]
+        # from the mount's own report: the stats xattr's name differs between versions
+        self.pid = int(json.loads(shardfs("stats", "--json", self.mnt).stdout)["pid"])
         return self
 
     def __exit__(self, *exc):
@@ -102,7 +104,7 @@ class Mount:
             subprocess.run(["fusermount3", "-u", "-z", self.mnt])
 
     def ops(self) -> dict:
-        return json.loads(os.getxattr(self.mnt, STATS_XATTR))["fuse_ops"]
+        return json.loads(shardfs("stats", "--json", self.mnt).stdout)["fuse_ops"]
 
 
 def files_of(root: str) -> list[str]:

@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 
-STATS_XATTR = "user.shardfs.fuse.stats"
-OFFSET_XATTR = "user.shardfs.offset"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from shardfs.fuse.ops import XATTR_OFFSET  # noqa: E402
+from shardfs.fuse.stats import STATS_XATTR  # noqa: E402
 
 
 def daemon_pid(mnt: str) -> int:
@@ -48,7 +49,7 @@ def _burster(files: list[str], threads: int, per_thread: int, go, done) -> None:
     """One client process: waits for a go, sends a burst from ``threads`` threads, reports, repeats."""
     def work(k: int) -> None:
         for i in range(per_thread):
-            os.getxattr(files[(k * 7 + i) % len(files)], OFFSET_XATTR)
+            os.getxattr(files[(k * 7 + i) % len(files)], XATTR_OFFSET)
 
     while go.get() is not None:
         pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
