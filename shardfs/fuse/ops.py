@@ -121,11 +121,14 @@ class ShardFS(fuse.Operations):
     # ---- helpers ---------------------------------------------------------
 
     @staticmethod
-    def _node(view: Dataset, path: str) -> int:
-        node = view.tree.lookup(os.fsencode(path)[1:])
+    def _node(view: Dataset, path: bytes) -> int:
+        """Node id of a path as libfuse gives it (leading slash); ENOENT if absent."""
+        node = view.tree.lookup(path[1:])
         if not node:
             raise fuse.FuseOSError(errno.ENOENT)
         return node
+
+    # ---- metadata --------------------------------------------------------
 
     # Attributes go straight into libfuse's struct stat (glue.PlusFUSE.getattr_fuse_3 and its
     # listings) in one call: a dict per request and mfusepy's generic copy of it cost more than
@@ -148,9 +151,7 @@ class ShardFS(fuse.Operations):
         """getattr: ``path`` as libfuse gives it (bytes, leading slash); all of ``st`` is written."""
         self.stats.op("getattr")
         view = self.view
-        node = view.tree.lookup(path[1:])
-        if not node:
-            raise fuse.FuseOSError(errno.ENOENT)
+        node = self._node(view, path)
         if view.tree.is_dir(node):
             self._dir_into(st, view, node - 1)
         else:
@@ -167,7 +168,7 @@ class ShardFS(fuse.Operations):
     def listing(self, path: str) -> Listing:
         self.stats.op("readdir")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         if not view.tree.is_dir(node):
             raise fuse.FuseOSError(errno.ENOTDIR)
         return Listing(self, view, node)
@@ -181,7 +182,7 @@ class ShardFS(fuse.Operations):
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         target = None if view.tree.is_dir(node) else view.tree.symlinks.get(view.tree.member(node))
         if target is None:
             raise fuse.FuseOSError(errno.EINVAL)
@@ -205,7 +206,7 @@ class ShardFS(fuse.Operations):
     def listxattr(self, path: str) -> list[str]:
         self.stats.op("listxattr")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         if view.tree.is_dir(node):
             return [STATS_XATTR] if node == 1 else []
         return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
@@ -217,7 +218,7 @@ class ShardFS(fuse.Operations):
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self.stats.op("getxattr")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         tree = view.tree
         if node == 1 and name == STATS_XATTR:
             return json.dumps(self.figures()).encode()
@@ -243,9 +244,7 @@ class ShardFS(fuse.Operations):
     def read(self, path: bytes, size: int, offset: int, fh) -> bytes | memoryview:
         """``path`` as libfuse gives it (bytes, leading slash): glue.PlusFUSE.read calls this."""
         view = self.view
-        node = view.tree.lookup(path[1:])
-        if not node:
-            raise fuse.FuseOSError(errno.ENOENT)
+        node = self._node(view, path)
         if view.tree.is_dir(node):
             raise fuse.FuseOSError(errno.EISDIR)
         try:
