@@ -136,7 +136,9 @@ class Daemon:
                       allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
                       subtype="shardfs",
                       max_threads=MAX_THREADS,
-                      max_idle_threads=8)  # also silences libfuse 3.14's warning about its own default
+                      # Idle workers are never destroyed: a pool that shrinks after each burst
+                      # creates new threads (and their Python thread states) for the next one.
+                      max_idle_threads=MAX_THREADS)
         except RuntimeError as exc:
             # libfuse's fuse_main returns 8 when its loop ends on SIGTERM/SIGINT; it has
             # unmounted by then, so that is a clean stop. Anything else is a real failure.
