@@ -8,6 +8,7 @@ live mount (an object overwritten, an object deleted).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -153,14 +154,68 @@ def test_index_is_kept_in_the_local_cache_and_reused(store, mount, tmp_path):
     assert m3.stats()["indexes_built"] == 1
 
 
-def test_index_uploaded_beside_the_shards_is_used(store, tar_shards, mount, tmp_path):
+def _upload_local_indexes(store, tar_shards):
     shardfs_cmd("index", str(tar_shards), check=True)  # writes train-*.tar.shardfs-idx beside them
     for name in SHARDS:
         store.put(name + ".shardfs-idx", (tar_shards / (name + ".shardfs-idx")).read_bytes())
+
+
+def test_index_uploaded_beside_the_shards_is_used(store, tar_shards, mount, tmp_path):
+    _upload_local_indexes(store, tar_shards)
     m = mount(store.source(), options=store.options())
-    assert m.stats()["indexes_built"] == 0
+    assert m.stats()["indexes_built"] == 0  # checked by their fingerprints, not rebuilt
+    assert "does not describe" not in m.log()
     assert len(index_cache(tmp_path)) == 4  # copied into the local cache for the next mount
     assert _read(os.path.join(m.path, "train/n00000003/n00000003_7.JPEG"))
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    # cached with the objects' ETags: the next mount trusts them without reading a byte
+    again = mount(store.source(), options=store.options(), name="again").stats()
+    assert again["indexes_built"] == 0 and again["remote"]["bytes"] == 0
+
+
+def _repacked(shard) -> bytes:
+    """The shard's members in reverse order, written as it was: the same size, other bytes
+    at every offset (a dataset packed again with another seed)."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(shard) as src, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        for info in reversed(src.getmembers()):
+            dst.addfile(info, src.extractfile(info))
+    return out.getvalue()
+
+
+def test_a_stale_index_beside_repacked_shards_is_rebuilt_never_serves_wrong_bytes(store, tar_shards, sample_tree,
+                                                                                   mount, tmp_path):
+    _upload_local_indexes(store, tar_shards)  # indexes of the first packing...
+    repacked = _repacked(tar_shards / SHARDS[1])
+    assert len(repacked) == (tar_shards / SHARDS[1]).stat().st_size
+    store.put(SHARDS[1], repacked)  # ...uploaded with a shard packed again: same name, same size
+    m = mount(store.source(), options=store.options())
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert m.stats()["indexes_built"] == 1  # that shard's; the other three indexes are used
+    log = m.log()
+    assert f"{SHARDS[1]}.shardfs-idx does not describe" in log and "fingerprint differs" in log
+
+
+def test_an_index_without_a_fingerprint_is_rebuilt(store, tar_shards, mount):
+    import io
+
+    import numpy as np
+
+    _upload_local_indexes(store, tar_shards)
+    with np.load(tar_shards / (SHARDS[2] + ".shardfs-idx")) as npz:  # as an older shardfs wrote it
+        arrays = dict(npz)
+    meta = json.loads(arrays["meta"].tobytes())
+    del meta["shard_fingerprint"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    old = io.BytesIO()
+    np.savez(old, **arrays)
+    store.put(SHARDS[2] + ".shardfs-idx", old.getvalue())
+    m = mount(store.source(), options=store.options())
+    assert m.stats()["indexes_built"] == 1
+    assert "no fingerprint to check it by" in m.log()
 
 
 def test_transient_failures_are_retried_and_never_give_wrong_bytes(store, sample_tree, mount, proxy, tmp_path):
