@@ -32,6 +32,7 @@ import threading
 import time
 
 from shardfs.errors import ShardfsError
+from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ CHUNK = 1 << 20
 LOAD_RUN = 8
 PAGE = mmap.PAGESIZE
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
-WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
+# Whoever reads a chunk gets an answer within deadline.TIMEOUT; a reader waiting for it gives up
+# after twice that (a safety net: EIO instead of holding a FUSE worker near the watchdog).
+WAIT_LIMIT = 2 * deadline.TIMEOUT
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
 PREFETCH_POLICIES = ("touched", "all")
 
