@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import force_unmount, needs_fuse, shardfs_cmd
+from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -432,13 +432,6 @@ def _read_in_background(paths: list[str]) -> tuple[list, dict]:
     return threads, results
 
 
-def _drop_page_cache(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
 
 def _wait_for(condition, what: str, seconds: float = 90) -> None:
     deadline = time.monotonic() + seconds
@@ -465,7 +458,7 @@ def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers
         threads, results = _read_in_background(uncached)
         # While those wait on the store, cached files, listings and attributes answer.
         for rel in cached:
-            _drop_page_cache(os.path.join(m.path, rel))
+            drop_page_cache(os.path.join(m.path, rel))
             assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
         assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
         assert os.stat(uncached[0]).st_size == (sample_tree / members(tmp_path, SHARDS[2])[0]).stat().st_size

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import force_unmount, needs_fuse
+from conftest import drop_page_cache, force_unmount, needs_fuse
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
@@ -122,7 +122,7 @@ def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recov
         t.start()
     try:
         for _ in range(3):  # the rest of the tree answers meanwhile: cached bytes, listings, attributes
-            _drop_page_cache(os.path.join(m.path, "b/only.bin"))
+            drop_page_cache(os.path.join(m.path, "b/only.bin"))
             assert _read(m.path, "b/only.bin") == files["b/only.bin"]
             assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
             assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
@@ -142,13 +142,6 @@ def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recov
     assert "answers again" in m.log()
     assert m.stats()["shards_broken"] == 0
 
-
-def _drop_page_cache(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _read_or_none(root, name):
