@@ -45,3 +45,21 @@ def test_at_most_the_pool_size_of_threads_is_ever_stuck():
         assert sum(p.stuck for p in places) == 2  # the queued ones were cancelled, not left to run later
     finally:
         release.set()
+
+
+def test_a_local_shard_is_changed_only_on_a_definite_answer(tmp_path):
+    from shardfs.storage.base import ShardIOError
+    from shardfs.storage.local import LocalShard
+
+    path = tmp_path / "a.tar"
+    path.write_bytes(b"x" * 1024)
+    shard = LocalShard.open(str(path))
+    assert shard.changed() is False
+    shard.place.timed_out()  # its folder stopped answering: a stat cannot tell anything now
+    with pytest.raises(ShardIOError, match="cannot tell whether it changed"):
+        shard.changed()
+    shard.place.answered()
+    path.write_bytes(b"y" * 2048)
+    assert shard.changed() is True
+    path.unlink()
+    assert shard.changed() is True  # gone is a definite answer

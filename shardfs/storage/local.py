@@ -54,7 +54,7 @@ class LocalShard(Shard):
         try:
             return deadline.local_pool.run(self.place, read, *args)
         except deadline.NotAnswering as exc:
-            raise self.read_failed(offset, str(exc)) from None
+            raise self.read_failed(offset, str(exc), unavailable=True) from None
 
     def fd(self) -> int:
         if self.broken:

@@ -204,8 +204,9 @@ class ShardCache:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
                     res.failed = str(exc)
                 # A failing run goes back to the readers, who narrow it down chunk by chunk;
-                # a single chunk that fails is served per request from then on.
-                fallback = BAD if count == 1 and not res.failed else MISSING
+                # a single chunk that fails is served per request from then on, unless storage
+                # was out of reach (an outage): then it is loaded again once storage answers.
+                fallback = BAD if count == 1 and not res.failed and not exc.unavailable else MISSING
                 res.state[first : first + count] = bytes([fallback]) * count
                 res.cond.notify_all()
             self._count("load_errors")
