@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import force_unmount, needs_fuse, shardfs_cmd
-from shardfs import sample
+from benchlib import sample
 from shardfs.service.mount import process_alive
 
 

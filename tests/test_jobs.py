@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 import shardfs
-import shardfs.sample
+from benchlib import sample
 from conftest import needs_fuse, shardfs_cmd
 from shardfs.service.api import MountError
 
@@ -98,7 +98,7 @@ def test_python_api_unmounts_also_on_exceptions(tar_shards, private_tmp):
     with shardfs.mounted(tar_shards, cache_size="64M") as root:
         ds = datasets.ImageFolder(os.path.join(root, "train"))
         assert len(ds) == 72 and ds[0][0].size == (64, 64)
-        assert json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["cache"]["budget_bytes"] == 64 << 20
+        assert json.loads(os.getxattr(root, "user.shardfs.stats"))["cache"]["budget_bytes"] == 64 << 20
     assert _shardfs_mounts(str(private_tmp)) == before and not os.path.exists(root)
 
     with pytest.raises(ZeroDivisionError):
@@ -145,7 +145,7 @@ def test_default_budget_fits_the_jobs_memory_cgroup(tar_shards, tmp_path):
                   f"{tar_shards} {mnt} --log-file {tmp_path}/log")
         done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        budget = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))["cache"]["budget_bytes"]
+        budget = json.loads(os.getxattr(mnt, "user.shardfs.stats"))["cache"]["budget_bytes"]
         assert 0.4 * (2 << 30) < budget <= (1 << 30)  # half of what the 2 GiB limit leaves
         assert "cgroup limit" in open(tmp_path / "log").read()
     finally:
@@ -164,7 +164,7 @@ def test_run_never_takes_a_second_source_for_the_mountpoint(tar_shards, tmp_path
         (extra / "val").mkdir(parents=True, exist_ok=True)
         (extra / "val" / f"{i}.bin").write_bytes(b"v" * 100)
     other = tmp_path / "other-shards"
-    shardfs.sample.pack_tar_round_robin(str(extra), str(other), shards=2, prefix="val")
+    sample.pack_tar_round_robin(str(extra), str(other), shards=2, prefix="val")
     count = 'import os; print(sum(len(f) for _, _, f in os.walk(os.environ["SHARDFS_MOUNT"])))'
     # Two sources and no mountpoint: an error naming -m, not a mount of the first over the second.
     for second in (str(other), str(other / "val-000000.tar"), str(other / "*.tar")):

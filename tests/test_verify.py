@@ -174,7 +174,7 @@ def test_ls_warns_about_problems_on_stderr(sample_tree, tmp_path, capsys):
 
 
 def test_ls_previews_a_merge_of_several_sources(tmp_path, sample_tree, capsys):
-    from shardfs import sample
+    from benchlib import sample
 
     first, second = tmp_path / "first", tmp_path / "second"
     sample.pack_tar_round_robin(str(sample_tree), str(first), shards=2)

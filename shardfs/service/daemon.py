@@ -19,9 +19,11 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
-from shardfs.storage import remote
+from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
+from shardfs.storage.disk import DiskTier
 from shardfs.storage.pressure import PressureWatcher
+from shardfs.storage.placement import filesystem_type, is_local_disk
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
@@ -30,7 +32,8 @@ from shardfs.fuse.stats import Stats
 log = logging.getLogger("shardfs")
 
 # Threads of the FUSE loop: enough that readers waiting on storage do not block the
-# others (the GIL makes more pointless).
+# others (the GIL makes more pointless). A reader waits at most storage.deadline.TIMEOUT
+# (30 s) for storage, well under the unit's WatchdogSec=120, whose statfs needs a free one.
 MAX_THREADS = 32
 # Shards streamed in at once: local storage wants a few large sequential readers; object
 # stores and HTTP servers give more throughput to more parallel ranged GETs.
@@ -63,6 +66,32 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
+def _disk_tier(opts: MountConfig, loaders: int) -> DiskTier | None:
+    """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
+    where = opts.disk_cache
+    if where is None and os.environ.get("CACHE_DIRECTORY"):
+        where = os.path.join(os.environ["CACHE_DIRECTORY"].split(":")[0], "tier")
+    if not where or where == "off":
+        return None
+    try:
+        tier = DiskTier(where, opts.disk_cache_size, loaders)
+    except OSError as exc:  # a mount without its tier still serves every byte
+        log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
+        return None
+    if not is_local_disk(tier.dir):
+        log.warning("disk tier %s is on %s, not on a local disk filesystem: it may gain nothing", tier.dir,
+                    filesystem_type(tier.dir))
+    snap = tier.snapshot()
+    log.info("disk tier %s: bound %.1f GiB, %d shards (%.1f GiB) there already", where, tier.bound / 2**30,
+             snap["shards"], snap["held_bytes"] / 2**30)
+    return tier
+
+
+def _disk_status(disk: dict) -> str:
+    return (f"; disk tier {disk['held_bytes'] / 2**30:.1f}/{disk['bound_bytes'] / 2**30:.1f} GiB, "
+            f"{disk['shards']} shards, {disk['hits']} hits" + (f", off: {disk['disabled']}" if disk["disabled"] else ""))
+
+
 class Daemon:
     def __init__(self, cfg: MountConfig, ready_fd: int | None = None, on_detach=None):
         # absolute now: libfuse changes the working directory to / once mounted
@@ -80,6 +109,11 @@ class Daemon:
 
         _raise_fd_limit()
         opts = self.opts
+        watchdog = self.notifier.watchdog_s
+        if watchdog and watchdog < 2 * deadline.TIMEOUT:
+            log.warning("the watchdog interval (%.0f s) is under twice the storage timeout (%.0f s, "
+                        "SHARDFS_STORAGE_TIMEOUT): a storage outage may get the daemon killed", watchdog,
+                        deadline.TIMEOUT)
         self._report("finding shards")
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout,
                                      progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
@@ -95,7 +129,8 @@ class Daemon:
         if self.remote:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders)
+        self.disk = _disk_tier(opts, loaders)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.pressure = PressureWatcher(self.cache)
@@ -112,7 +147,9 @@ class Daemon:
                       allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
                       subtype="shardfs",
                       max_threads=MAX_THREADS,
-                      max_idle_threads=8)  # also silences libfuse 3.14's warning about its own default
+                      # Idle workers are never destroyed: a pool that shrinks after each burst
+                      # creates new threads (and their Python thread states) for the next one.
+                      max_idle_threads=MAX_THREADS)
         except RuntimeError as exc:
             # libfuse's fuse_main returns 8 when its loop ends on SIGTERM/SIGINT; it has
             # unmounted by then, so that is a clean stop. Anything else is a real failure.
@@ -147,6 +184,7 @@ class Daemon:
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
             "memory": self.pressure.figures(),
+            **({"disk": self.disk.snapshot()} if self.disk else {}),
             **({"remote": remote.counters()} if self.remote else {}),
         }
 
@@ -155,7 +193,7 @@ class Daemon:
         return (f"{snap['fuse_ops'].get('read', 0)} reads, {snap['bytes_served'] / 1e9:.2f} GB served; "
                 f"cache {cache['used_bytes'] / 2**30:.1f}/{cache['budget_bytes'] / 2**30:.1f} GiB, "
                 f"{cache['shards_cached']} shards cached; storage {cache['storage_bytes_read'] / 1e9:.2f} GB "
-                f"at {cache['storage_read_rate_MBps']:.0f} MB/s")
+                f"at {cache['storage_read_rate_MBps']:.0f} MB/s" + (_disk_status(self.disk.snapshot()) if self.disk else ""))
 
     def _log_summary(self, seconds: float) -> None:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()

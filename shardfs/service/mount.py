@@ -176,17 +176,6 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """End a child process we started: SIGTERM, then SIGKILL after ``grace`` seconds; reaped."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def stop_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """End a child started with ``start_new_session`` and what it forked (index builders):
     SIGTERM to its process group, SIGKILL after ``grace`` seconds."""

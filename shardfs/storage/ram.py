@@ -20,6 +20,9 @@ Loads a reader is waiting for go before speculative ones (``prefetch="all"``); a
 ``loaders`` shards stream in at once. Everything read from storage is dropped from the
 kernel's page cache of the shard file (POSIX_FADV_DONTNEED), so the node holds the data
 at most twice (here and in the page cache of the mounted files), never three times.
+
+With a disk tier (``disk.DiskTier``) every storage read goes through it: chunks it holds come
+from local disk, the others from storage and are kept there for the next mount or epoch.
 """
 
 from __future__ import annotations
@@ -30,9 +33,14 @@ import logging
 import mmap
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from shardfs.errors import ShardfsError
+from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError
+
+if TYPE_CHECKING:
+    from shardfs.storage.disk import DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +50,9 @@ CHUNK = 1 << 20
 LOAD_RUN = 8
 PAGE = mmap.PAGESIZE
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
-WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
+# Whoever reads a chunk gets an answer within deadline.TIMEOUT; a reader waiting for it gives up
+# after twice that (a safety net: EIO instead of holding a FUSE worker near the watchdog).
+WAIT_LIMIT = 2 * deadline.TIMEOUT
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
 PREFETCH_POLICIES = ("touched", "all")
 
@@ -120,11 +130,12 @@ class LoadQueue:
 
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
-                 idle_evict: float = 300.0):
-        """``shards`` are streamed in at once when ``prefetch`` is "all"."""
+                 idle_evict: float = 300.0, disk: DiskTier | None = None):
+        """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
+        read through the disk tier, whose figures of storage reads replace ours."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
-        self.budget, self.prefetch, self.idle_evict = budget, prefetch, idle_evict
+        self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -195,14 +206,18 @@ class ShardCache:
         length = min(count * CHUNK, res.size - start)
         began = time.perf_counter_ns()
         try:
-            res.shard.read_into(memoryview(res.buf), start, length)
+            if self.disk is None:
+                res.shard.read_into(memoryview(res.buf), start, length)
+            else:
+                self.disk.read_into(res.shard, memoryview(res.buf), start, length)
         except ShardIOError as exc:
             with res.cond:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
                     res.failed = str(exc)
                 # A failing run goes back to the readers, who narrow it down chunk by chunk;
-                # a single chunk that fails is served per request from then on.
-                fallback = BAD if count == 1 and not res.failed else MISSING
+                # a single chunk that fails is served per request from then on, unless storage
+                # was out of reach (an outage): then it is loaded again once storage answers.
+                fallback = BAD if count == 1 and not res.failed and not exc.unavailable else MISSING
                 res.state[first : first + count] = bytes([fallback]) * count
                 res.cond.notify_all()
             self._count("load_errors")
@@ -218,7 +233,7 @@ class ShardCache:
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
         began = time.perf_counter_ns()
-        data = shard.pread(offset, length)
+        data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
         shard.forget(offset, length)
         self._count("direct_reads")
         self._count("misses")
@@ -327,6 +342,8 @@ class ShardCache:
             cached = sum(1 for r in self.resident.values() if r.complete)
             loading = len(self.resident) - cached
             reserved = self.reserved
+        if self.disk is not None:  # what really came from storage (the rest came from local disk)
+            counts.update(self.disk.storage_counts())
         busy_s = counts.pop("storage_read_ns") / 1e9
         return {
             "budget_bytes": self.budget,
@@ -342,3 +359,5 @@ class ShardCache:
 
     def close(self) -> None:
         self._queue.stop()
+        if self.disk is not None:
+            self.disk.close()
