@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from conftest import needs_fuse, shardfs_cmd
+from shardfs.fuse.stats import STATS_XATTR
 from shardfs.service.mount import process_alive
 from shardfs.storage.local import LocalShard
 from shardfs.storage.memory import memory_room, parse_size, share_budget
@@ -170,7 +171,7 @@ def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
     allocator = daemon_pid = None
 
     def figures() -> dict:
-        return json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
+        return json.loads(os.getxattr(mnt, STATS_XATTR))
 
     def read_all_correct() -> bool:
         return all(hashlib.sha256(open(mnt / name, "rb").read()).hexdigest() == digest
