@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 
 
 def draw(path: str, title: str, passes: list[tuple[str, dict[str, list[float]]]], methods: list[str],
@@ -29,7 +30,8 @@ def draw(path: str, title: str, passes: list[tuple[str, dict[str, list[float]]]]
     ax.set_xticks(range(len(passes)), [label for label, _ in passes], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + "\nbars: median of rounds; whiskers: min-max", fontsize=9)
+    wrapped = "\n".join(textwrap.wrap(title, 110, break_long_words=False, break_on_hyphens=False))  # long commands
+    ax.set_title(wrapped + "\nbars: median of rounds; whiskers: min-max", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
