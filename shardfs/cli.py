@@ -303,6 +303,7 @@ def cmd_pack(args) -> int:
 def cmd_verify(args) -> int:
     from shardfs.pack.verify import verify
 
+    _configure_remote(args)
     result = verify(args.sources, decode=args.decode, workers=args.workers)
     print(result.line())
     return 1 if result.problems else 0
@@ -472,8 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "OUT/classes.txt (mount with --layout imagefolder --class-names OUT/classes.txt)")
     p.set_defaults(func=cmd_pack)
 
-    p = add("verify", help="check shards: structure, manifest sha256, optionally decode images")
-    p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, or glob")
+    p = add("verify", parents=[remote_options],
+            help="check shards: structure, manifest sha256, optionally decode images")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, glob or URL")
     p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
     p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
     p.set_defaults(func=cmd_verify)

@@ -511,3 +511,16 @@ def test_a_rescan_during_an_outage_leaves_every_shard_intact(store, sample_tree,
     os.kill(m.pid, signal.SIGHUP)  # and a rescan with the store back finds nothing changed
     _wait_for(lambda: "rescan: " in m.log(), "no rescan happened")
     assert m.stats()["shards_broken"] == 0
+
+
+def test_verify_reads_remote_shards_and_finds_a_damaged_one(store, tar_shards):
+    """`shardfs verify` takes URLs, as mount does: every shard read through the storage layer."""
+    good = shardfs_cmd("verify", store.source(), *store.options())
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "verified 4 shards" in good.stdout + good.stderr and "all good" in good.stdout + good.stderr
+    data = bytearray((tar_shards / SHARDS[1]).read_bytes())
+    data[0:100] = b"\x00" * 100  # the first header's name is gone: its checksum no longer agrees
+    store.put(SHARDS[1], bytes(data))
+    bad = shardfs_cmd("verify", store.source(), *store.options())
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert SHARDS[1] in bad.stdout + bad.stderr
