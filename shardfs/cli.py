@@ -64,7 +64,7 @@ def _apply_command_line(cfg, args):
     from shardfs.service.config import apply_options, check
 
     for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level", "layout",
-                "class_names", "metrics_dir", "metrics_interval"):
+                "class_names", "metrics_dir", "metrics_interval", "disk_cache", "disk_cache_size"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
@@ -128,7 +128,12 @@ def cmd_run(args) -> int:
 
     sources, mountpoint = (args.paths, None) if len(args.paths) == 1 else (args.paths[:-1], args.paths[-1])
     cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
-    options = {"cache_size": cfg.cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
+    if cfg.disk_cache is None and in_batch_job():
+        from shardfs.storage.placement import job_scratch_tier
+
+        cfg.disk_cache = job_scratch_tier()
+    options = {"cache_size": cfg.cache_size, "disk_cache": _absolute(cfg.disk_cache),
+               "disk_cache_size": cfg.disk_cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
                "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount, "layout": cfg.layout,
                "class_names": cfg.class_names and os.path.abspath(cfg.class_names),
@@ -140,6 +145,35 @@ def cmd_run(args) -> int:
         return 2
     except FileNotFoundError as exc:
         raise UsageError(f"{args.command[0]}: command not found ({exc.strerror})") from None
+
+
+def in_batch_job() -> bool:
+    return any(name in os.environ for name in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"))
+
+
+def _absolute(path: str | None) -> str | None:
+    return os.path.abspath(path) if path not in (None, "off") else path
+
+
+def cmd_cache(args) -> int:
+    from shardfs.storage import tierfile
+
+    if not os.path.isdir(args.dir):
+        raise UsageError(f"{args.dir}: no such directory")
+    if args.action == "clear":
+        removed, skipped = tierfile.clear(args.dir)
+        print(f"{removed} shards removed" + (f", {skipped} skipped (in use by a live mount)" if skipped else ""))
+        return 0
+    rows = tierfile.describe(args.dir)
+    if args.json:
+        print(json.dumps([row.__dict__ for row in rows], indent=2))
+        return 0
+    for row in rows:
+        print(f"{row.filled / 2**20:10.1f} MiB of {row.size / 2**20:10.1f} MiB  {'in use' if row.in_use else 'idle  '}  "
+              f"{row.source}")
+    total = sum(row.disk_bytes for row in rows)
+    print(f"{len(rows)} shards, {total / 2**30:.2f} GiB on disk in {args.dir}")
+    return 0
 
 
 def cmd_status(args) -> int:
@@ -305,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-auto-unmount", action="store_true",
                    help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
     m.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
+    m.add_argument("--disk-cache", metavar="DIR",
+                   help="keep shards on node-local disk in DIR (shared by your mounts on the node; "
+                        "'off' for none). Default: none; `shardfs run` in a batch job uses the job's "
+                        "local scratch, the systemd unit its CacheDirectory")
+    m.add_argument("--disk-cache-size", metavar="SIZE",
+                   help="bound of the disk tier: 800G, or a share of the free space in DIR like 80%% (default 80%%)")
     m.add_argument("--metrics-dir", metavar="DIR",
                    help="write Prometheus metrics to DIR (node_exporter's --collector.textfile.directory)")
     m.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics writes (default 15)")
@@ -357,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, metavar="N", help="--watch: stop after N refreshes (default: until Ctrl-C)")
     p.set_defaults(func=cmd_stats)
 
+    p = add("cache", help="list or empty a disk-tier directory (--disk-cache DIR)")
+    p.add_argument("action", choices=["ls", "clear"], help="clear skips shards a live mount has open")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="ls: one record per cached shard")
+    p.set_defaults(func=cmd_cache)
+
     p = add("pack", help="pack a folder or a path-to-label list into shards",
             description="Pack an ImageFolder-style directory (members keep their path relative to SRC) or a "
                         "mapping file (JSON {path: label} or 'path label' lines; members become "
@@ -398,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = ("mount", "run", "status", "umount", "unmount", "index", "stats", "pack", "verify", "ls")
+COMMANDS = ("mount", "run", "status", "umount", "unmount", "index", "stats", "cache", "pack", "verify", "ls")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None 
     """Mount ``src`` (a shard directory, file or glob, or a list of them) and yield the mount's path.
 
     Without ``mountpoint`` a private temporary directory is used and removed afterwards.
-    Options are those of ``shardfs mount``: cache_size, prefetch, loaders, index_dir,
+    Options are those of ``shardfs mount``: cache_size, disk_cache, disk_cache_size, prefetch, loaders, index_dir,
     workers, log_file, layout ("plain" or "imagefolder"), class_names, allow_other (bool),
     auto_unmount (bool, default True), and storage_options (a dict of fsspec options for
     s3:// and http(s):// sources).

@@ -43,6 +43,9 @@ class MountConfig:
     # node_exporter's textfile-collector directory: metrics written there every metrics_interval s
     metrics_dir: str | None = None
     metrics_interval: float = 15.0
+    # the disk tier (storage/disk.py): a node-local directory, or "off" where a default would apply
+    disk_cache: str | None = None
+    disk_cache_size: str | None = None  # "800G", or a share of the free space in disk_cache: "80%"
 
 
 # key -> (accepted types, description used in messages)
@@ -63,6 +66,8 @@ _KEYS = {
     "storage_options": ((dict,), "a table of fsspec storage options (endpoint_url, key, secret, ...)"),
     "metrics_dir": ((str,), "a directory (node_exporter's --collector.textfile.directory)"),
     "metrics_interval": ((int, float), "seconds between metrics writes (> 0)"),
+    "disk_cache": ((str,), 'a directory on node-local disk, or "off"'),
+    "disk_cache_size": ((str, int), 'a size such as "800G" or "80%" (of the free space there), or bytes'),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -102,19 +107,21 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
     if not sources or not all(isinstance(s, str) and s for s in sources):
         raise _fail(path, "sources", "expected a non-empty list of paths")
     cfg = MountConfig(sources=sources, **{k: v for k, v in data.items() if k != "sources"})
-    if isinstance(cfg.cache_size, int):
-        cfg.cache_size = str(cfg.cache_size)
+    for key in ("cache_size", "disk_cache_size"):
+        if isinstance(getattr(cfg, key), int):
+            setattr(cfg, key, str(getattr(cfg, key)))
     check(cfg, lambda key, why: _fail(path, key, why))
     return cfg
 
 
 def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -> None:
     """Values the types alone do not rule out; ``fail(key, why)`` makes the error to raise."""
-    if cfg.cache_size is not None:
-        try:
-            parse_size(cfg.cache_size)
-        except ValueError as exc:
-            raise fail("cache_size", str(exc)) from None
+    for key in ("cache_size", "disk_cache_size"):
+        if getattr(cfg, key) is not None:
+            try:
+                parse_size(getattr(cfg, key), total_ram=1 << 30)  # the whole it is a share of comes later
+            except ValueError as exc:
+                raise fail(key, str(exc)) from None
     if cfg.prefetch not in PREFETCH_POLICIES:
         raise fail("prefetch", f"expected {_KEYS['prefetch'][1]}, got {cfg.prefetch!r}")
     if cfg.log_level not in LOG_LEVELS:
@@ -147,7 +154,7 @@ _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "
 STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
                   "log_level": str, "log_file": str, "layout": str, "class_names": str, "metrics_dir": str,
-                  "metrics_interval": float}
+                  "metrics_interval": float, "disk_cache": str, "disk_cache_size": str}
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
@@ -186,7 +193,11 @@ def to_args(cfg: MountConfig) -> list[str]:
         args += ["--class-names", os.path.abspath(cfg.class_names)]
     if cfg.metrics_dir is not None:  # the daemon runs in /
         args += ["--metrics-dir", os.path.abspath(cfg.metrics_dir), "--metrics-interval", str(cfg.metrics_interval)]
-    for key in ("loaders", "cache_size", "index_dir", "workers", "log_file"):
+    if cfg.disk_cache not in (None, "off"):
+        args += ["--disk-cache", os.path.abspath(cfg.disk_cache)]
+    elif cfg.disk_cache == "off":
+        args += ["--disk-cache", "off"]
+    for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
     if cfg.allow_other:

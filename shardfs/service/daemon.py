@@ -21,6 +21,7 @@ from shardfs.view import dataset as datasets
 from shardfs.view import layouts
 from shardfs.storage import remote
 from shardfs.storage.memory import default_budget, parse_size
+from shardfs.storage.disk import DiskTier
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
@@ -62,6 +63,29 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
+def _disk_tier(opts: MountConfig, loaders: int) -> DiskTier | None:
+    """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
+    where = opts.disk_cache
+    if where is None and os.environ.get("CACHE_DIRECTORY"):
+        where = os.path.join(os.environ["CACHE_DIRECTORY"].split(":")[0], "tier")
+    if not where or where == "off":
+        return None
+    try:
+        tier = DiskTier(where, opts.disk_cache_size, loaders)
+    except OSError as exc:  # a mount without its tier still serves every byte
+        log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
+        return None
+    snap = tier.snapshot()
+    log.info("disk tier %s: bound %.1f GiB, %d shards (%.1f GiB) there already", where, tier.bound / 2**30,
+             snap["shards"], snap["held_bytes"] / 2**30)
+    return tier
+
+
+def _disk_status(disk: dict) -> str:
+    return (f"; disk tier {disk['held_bytes'] / 2**30:.1f}/{disk['bound_bytes'] / 2**30:.1f} GiB, "
+            f"{disk['shards']} shards, {disk['hits']} hits" + (f", off: {disk['disabled']}" if disk["disabled"] else ""))
+
+
 class Daemon:
     def __init__(self, cfg: MountConfig, ready_fd: int | None = None, on_detach=None):
         # absolute now: libfuse changes the working directory to / once mounted
@@ -92,7 +116,8 @@ class Daemon:
         if self.remote:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders)
+        self.disk = _disk_tier(opts, loaders)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
@@ -140,6 +165,7 @@ class Daemon:
             **self.index_figures,
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
+            **({"disk": self.disk.snapshot()} if self.disk else {}),
             **({"remote": remote.counters()} if self.remote else {}),
         }
 
@@ -148,7 +174,7 @@ class Daemon:
         return (f"{snap['fuse_ops'].get('read', 0)} reads, {snap['bytes_served'] / 1e9:.2f} GB served; "
                 f"cache {cache['used_bytes'] / 2**30:.1f}/{cache['budget_bytes'] / 2**30:.1f} GiB, "
                 f"{cache['shards_cached']} shards cached; storage {cache['storage_bytes_read'] / 1e9:.2f} GB "
-                f"at {cache['storage_read_rate_MBps']:.0f} MB/s")
+                f"at {cache['storage_read_rate_MBps']:.0f} MB/s" + (_disk_status(self.disk.snapshot()) if self.disk else ""))
 
     def _log_summary(self, seconds: float) -> None:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()

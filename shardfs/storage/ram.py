@@ -20,6 +20,9 @@ Loads a reader is waiting for go before speculative ones (``prefetch="all"``); a
 ``loaders`` shards stream in at once. Everything read from storage is dropped from the
 kernel's page cache of the shard file (POSIX_FADV_DONTNEED), so the node holds the data
 at most twice (here and in the page cache of the mounted files), never three times.
+
+With a disk tier (``disk.DiskTier``) every storage read goes through it: chunks it holds come
+from local disk, the others from storage and are kept there for the next mount or epoch.
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ import logging
 import mmap
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from shardfs.errors import ShardfsError
 from shardfs.storage.base import Shard, ShardIOError
+
+if TYPE_CHECKING:
+    from shardfs.storage.disk import DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +127,12 @@ class LoadQueue:
 
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
-                 idle_evict: float = 300.0):
-        """``shards`` are streamed in at once when ``prefetch`` is "all"."""
+                 idle_evict: float = 300.0, disk: DiskTier | None = None):
+        """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
+        read through the disk tier, whose figures of storage reads replace ours."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
-        self.budget, self.prefetch, self.idle_evict = budget, prefetch, idle_evict
+        self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -195,7 +203,10 @@ class ShardCache:
         length = min(count * CHUNK, res.size - start)
         began = time.perf_counter_ns()
         try:
-            res.shard.read_into(memoryview(res.buf), start, length)
+            if self.disk is None:
+                res.shard.read_into(memoryview(res.buf), start, length)
+            else:
+                self.disk.read_into(res.shard, memoryview(res.buf), start, length)
         except ShardIOError as exc:
             with res.cond:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
@@ -218,7 +229,7 @@ class ShardCache:
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
         began = time.perf_counter_ns()
-        data = shard.pread(offset, length)
+        data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
         shard.forget(offset, length)
         self._count("direct_reads")
         self._count("misses")
@@ -316,6 +327,8 @@ class ShardCache:
             cached = sum(1 for r in self.resident.values() if r.complete)
             loading = len(self.resident) - cached
             reserved = self.reserved
+        if self.disk is not None:  # what really came from storage (the rest came from local disk)
+            counts.update(self.disk.storage_counts())
         busy_s = counts.pop("storage_read_ns") / 1e9
         return {
             "budget_bytes": self.budget,
@@ -331,3 +344,5 @@ class ShardCache:
 
     def close(self) -> None:
         self._queue.stop()
+        if self.disk is not None:
+            self.disk.close()

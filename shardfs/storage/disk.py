@@ -1,0 +1,365 @@
+"""The disk tier: shard bytes kept on node-local disk, between shared storage and the RAM cache.
+
+    shared storage --(once, sequential, large reads)--> disk tier --> RAM cache --> page cache
+
+The RAM cache reads through the tier (``read_into`` for the chunks it loads, ``pread`` for the
+members of shards that do not fit its budget); each chunk comes from local disk when the tier
+holds it (checked against its checksum), else from shared storage, and is then written to the
+tier. A shard read member by member (it did not fit in RAM) is also filled whole in the
+background, in file order, so that shared storage sees one sequential pass per shard and node.
+
+The tier is one directory shared by every daemon of the user on the node (file format and locks:
+``tierfile``). It is bounded: when a new shard does not fit, the least recently used files that no
+daemon has open are removed; if that is not enough the shard is not cached on disk at all (never
+fetched whole to serve one member only to be evicted again). Any error of the local disk (full,
+I/O error) turns the tier off with one log line: reads go to shared storage, as without a tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.memory import parse_size
+from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, identity, logical_size,
+                                      prepare_dir, remove_if_unused)
+
+log = logging.getLogger(__name__)
+
+MISSING, CLAIMED, VALID = 0, 1, 2  # a chunk, as this daemon knows it
+THROUGH = 3  # _claim's answer: read it from storage without caching (another daemon is stuck)
+FILL_RUN = 8  # chunks per storage request of a background fill (8 MiB)
+POLL_S = 0.02  # how often a daemon waiting for another's chunk looks again
+WAIT_LIMIT_S = 120.0  # then it reads the chunk itself
+DEFAULT_SIZE = "80%"
+
+
+def bound_of(directory: str, text: str) -> int:
+    """``800G``, or ``80%``: a share of what the tier may use in DIR now (free space plus what it holds)."""
+    st = os.statvfs(directory)
+    held = sum(logical_size(e) for e in cache_files(directory))
+    return parse_size(text, total_ram=st.f_bavail * st.f_frsize + held)
+
+
+class Entry:
+    """A shard with a file in the tier, as this daemon uses it."""
+
+    def __init__(self, file: TierFile, filler: bool):
+        self.file, self.filler = file, filler
+        self.crcs = file.records()
+        self.state = bytearray(VALID if r is not None else MISSING for r in self.crcs)
+        self.cond = threading.Condition()
+        self.fill_queued = False
+
+
+class DiskTier:
+    def __init__(self, directory: str, size: str | None = None, loaders: int = 2):
+        prepare_dir(directory)
+        self.dir = directory
+        self.bound = bound_of(directory, size or DEFAULT_SIZE)
+        self.held = sum(logical_size(e) for e in cache_files(directory))
+        self.entries: dict[Shard, Entry | None] = {}  # None: not cached on disk (see _open)
+        self.refused: dict[Shard, int] = {}  # shard -> evictions when it did not fit
+        self.disabled: str | None = None
+        self._lock = threading.RLock()  # _disable may run with it held
+        self._closed = False
+        self._counts = dict(hits=0, bytes_read=0, bytes_written=0, storage_bytes_read=0, storage_read_ns=0,
+                            checksum_failures=0,
+                            shards_added=0, shards_evicted=0, shards_refused=0)
+        self._fills = ThreadPoolExecutor(loaders, thread_name_prefix="shardfs-disk")
+
+    # ---- the read path (called by the RAM cache) -------------------------------------------
+
+    def read_into(self, shard: Shard, buf: memoryview, offset: int, length: int) -> None:
+        """Shard.read_into through the tier, for whole chunks (``offset`` a multiple of CHUNK)."""
+        entry = self._entry(shard)
+        if entry is None:
+            return self._storage(shard.read_into, buf, offset, length)
+        run = []  # claimed chunks, read from storage in one request
+        for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
+            got = self._claim(entry, chunk)
+            if got == VALID and self._from_disk(entry, chunk, into=buf) is not None:
+                self._fetch_run(shard, entry, run, buf)
+                run = []
+            elif got == THROUGH:
+                self._fetch_run(shard, entry, run, buf)
+                run = []
+                start = chunk * CHUNK
+                self._storage(shard.read_into, buf, start, min(CHUNK, shard.size - start))
+            else:
+                run.append(chunk)
+        self._fetch_run(shard, entry, run, buf)
+
+    def pread(self, shard: Shard, offset: int, length: int) -> bytes:
+        """Shard.pread through the tier. The chunks the request touches are read whole (and
+        cached); the rest of the shard follows in the background."""
+        entry = self._entry(shard)
+        if entry is None:
+            return self._storage(shard.pread, offset, length)
+        length = min(length, shard.size - offset)
+        if length <= 0:
+            return b""
+        self._queue_fill(shard, entry)
+        pieces = []
+        for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
+            start, end = chunk * CHUNK, min(chunk * CHUNK + CHUNK, shard.size)
+            lo, hi = max(offset, start), min(offset + length, end)
+            got = self._claim(entry, chunk)
+            if got == VALID:
+                piece = self._from_disk(entry, chunk, lo, hi)
+                if piece is not None:
+                    pieces.append(piece)
+                    continue
+            elif got == THROUGH:
+                pieces.append(self._storage(shard.pread, lo, hi - lo))
+                continue
+            data = self._fetch_chunks(shard, entry, chunk, 1)
+            pieces.append(memoryview(data)[lo - start : hi - start])
+        return b"".join(pieces)
+
+    def _storage(self, read, *args):
+        """A read from shared storage (``args`` end with offset, length), counted and timed."""
+        began = time.perf_counter_ns()
+        got = read(*args)
+        self._count("storage_read_ns", time.perf_counter_ns() - began)
+        self._count("storage_bytes_read", args[-1])
+        return got
+
+    # ---- chunks --------------------------------------------------------------------------
+
+    def _claim(self, entry: Entry, chunk: int) -> int:
+        """VALID (on disk: read it), CLAIMED (ours to fetch and store), or THROUGH."""
+        with entry.cond:
+            while True:
+                if entry.state[chunk] == VALID:
+                    return VALID
+                if entry.state[chunk] == MISSING and entry.filler:
+                    entry.state[chunk] = CLAIMED
+                    return CLAIMED
+                if entry.state[chunk] == MISSING:
+                    break
+                entry.cond.wait()  # another thread of ours is fetching it
+        # Another daemon fills this shard: wait for its chunk, or take over when it stops.
+        deadline = time.monotonic() + WAIT_LIMIT_S
+        while time.monotonic() < deadline and not self.disabled:
+            try:
+                crcs = entry.file.record(chunk)
+            except OSError as exc:
+                self._disable(exc)
+                break
+            if crcs is not None:
+                with entry.cond:
+                    entry.crcs[chunk] = crcs
+                    if entry.state[chunk] == MISSING:
+                        entry.state[chunk] = VALID
+                return self._claim(entry, chunk)
+            if entry.file.take_fill_lock():
+                entry.filler = True
+                return self._claim(entry, chunk)
+            time.sleep(POLL_S)
+        return THROUGH
+
+    def _from_disk(self, entry: Entry, chunk: int, lo: int | None = None, hi: int | None = None, into=None):
+        """The verified bytes lo..hi (or the whole chunk into ``into``), or None: then the chunk
+        is claimed by us, to be fetched again from storage."""
+        if lo is None:
+            lo, hi = chunk * CHUNK, min(chunk * CHUNK + CHUNK, entry.file.size)
+        try:
+            got = entry.file.read_verified(chunk, entry.crcs[chunk], lo, hi, into)
+        except OSError as exc:
+            self._disable(exc)
+            got = None
+        if got is not None:
+            self._count("hits")
+            self._count("bytes_read", hi - lo)
+            return got
+        if not self.disabled:
+            self._count("checksum_failures")
+            log.warning("%s: chunk %d failed its checksum in the disk tier (%s); read again from storage",
+                        entry.file.ident["path"], chunk, entry.file.path)
+        with entry.cond:
+            entry.state[chunk] = CLAIMED
+        return None
+
+    def _fetch_run(self, shard: Shard, entry: Entry, run: list[int], buf: memoryview) -> None:
+        if not run:
+            return
+        start, end = run[0] * CHUNK, min((run[-1] + 1) * CHUNK, shard.size)
+        try:
+            self._storage(shard.read_into, buf, start, end - start)
+        except BaseException:
+            self._release(entry, run)
+            raise
+        self._store(entry, run, buf[start:end])
+
+    def _fetch_chunks(self, shard: Shard, entry: Entry, first: int, count: int) -> bytes:
+        start = first * CHUNK
+        try:
+            data = self._storage(shard.pread, start, min(count * CHUNK, shard.size - start))
+        except BaseException:
+            self._release(entry, range(first, first + count))
+            raise
+        shard.forget(start, len(data))
+        self._store(entry, range(first, first + count), memoryview(data))
+        return data
+
+    def _store(self, entry: Entry, chunks, data: memoryview) -> None:
+        """Write claimed chunks (their bytes in ``data``, from the first one's start) and mark them valid."""
+        first = chunks[0]
+        for chunk in chunks:
+            piece = data[(chunk - first) * CHUNK : (chunk - first + 1) * CHUNK]
+            if self.disabled:
+                self._release(entry, [chunk])
+                continue
+            try:
+                crcs = entry.file.write_chunk(chunk, piece)
+            except OSError as exc:
+                self._disable(exc)
+                self._release(entry, [chunk])
+                continue
+            self._count("bytes_written", len(piece))
+            with entry.cond:
+                entry.crcs[chunk] = crcs
+                entry.state[chunk] = VALID
+                entry.cond.notify_all()
+
+    def _release(self, entry: Entry, chunks) -> None:
+        with entry.cond:
+            for chunk in chunks:
+                entry.state[chunk] = MISSING
+            entry.cond.notify_all()
+
+    # ---- background fill ---------------------------------------------------------------------
+
+    def _queue_fill(self, shard: Shard, entry: Entry) -> None:
+        if entry.filler and not entry.fill_queued and MISSING in entry.state:
+            entry.fill_queued = True
+            self._fills.submit(self._fill, shard, entry)
+
+    def _fill(self, shard: Shard, entry: Entry) -> None:
+        """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
+        cursor = 0
+        while not (self._closed or self.disabled or shard.broken):
+            with entry.cond:
+                first = entry.state.find(MISSING, cursor)
+                if first < 0:
+                    break
+                count = 1
+                while count < FILL_RUN and first + count < len(entry.state) and entry.state[first + count] == MISSING:
+                    count += 1
+                entry.state[first : first + count] = bytes([CLAIMED]) * count
+            cursor = first + count
+            try:
+                self._fetch_chunks(shard, entry, first, count)
+            except ShardIOError:
+                continue  # left to the readers that need it
+        entry.fill_queued = False
+
+    # ---- admission and eviction ---------------------------------------------------------------
+
+    def _entry(self, shard: Shard) -> Entry | None:
+        if shard.broken:
+            raise ShardIOError(shard.broken, unavailable=True, permanent=True)
+        if self.disabled:
+            return None
+        entry = self.entries.get(shard)
+        if entry is None and shard not in self.entries:
+            entry = self._open(shard)
+        return entry
+
+    def _open(self, shard: Shard) -> Entry | None:
+        with self._lock:
+            if shard in self.entries:
+                return self.entries[shard]
+            if not os.path.exists(os.path.join(self.dir, file_name(shard.path))):
+                if self.refused.get(shard) == self._counts["shards_evicted"]:
+                    return None  # did not fit, and nothing left since
+                if not self._make_room(shard.size):
+                    self.refused[shard] = self._counts["shards_evicted"]
+                    self._counts["shards_refused"] += 1
+                    return None
+                self.held += shard.size
+                self._counts["shards_added"] += 1
+            try:
+                file = TierFile.open_or_create(self.dir, identity(shard))
+                if file is not None:
+                    os.utime(file.path)  # the LRU clock of eviction
+                    entry = Entry(file, file.take_fill_lock())
+            except OSError as exc:
+                self._disable(exc)
+                return None
+            if file is None:
+                log.info("%s: another daemon reads an older version of it from the disk tier; not cached",
+                         shard.path)
+                entry = None
+            self.entries[shard] = entry
+            return entry
+
+    def _make_room(self, need: int) -> bool:
+        """Remove least recently used files no daemon has open until ``need`` fits. Lock held."""
+        if need > self.bound:
+            return False
+        if self.held + need <= self.bound:
+            return True
+        files = [e for e in cache_files(self.dir) if logical_size(e)]  # stat()s now, cached by DirEntry
+        self.held = sum(e.stat().st_size for e in files)  # other daemons add and remove files too
+        ours = {e.file.path for e in self.entries.values() if e is not None}
+        for victim in sorted(files, key=lambda e: e.stat().st_mtime):
+            if self.held + need <= self.bound:
+                break
+            if victim.path not in ours and remove_if_unused(victim.path):
+                self.held -= victim.stat().st_size
+                self._counts["shards_evicted"] += 1
+        return self.held + need <= self.bound
+
+    def _disable(self, exc: OSError) -> None:
+        with self._lock:
+            if self.disabled:
+                return
+            self.disabled = exc.strerror or str(exc)
+            log.warning("disk tier %s: %s; reading from shared storage only from now on", self.dir, self.disabled)
+            for entry in self.entries.values():
+                if entry is not None:
+                    entry.file.release_fill_lock()  # let other daemons fill what we no longer will
+                    with entry.cond:
+                        entry.cond.notify_all()
+
+    # ---- figures and lifecycle -------------------------------------------------------------------
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def storage_counts(self) -> dict:
+        with self._lock:
+            return {key: self._counts[key] for key in ("storage_bytes_read", "storage_read_ns")}
+
+    def snapshot(self) -> dict:
+        files = cache_files(self.dir)
+        held = 0
+        for e in files:
+            try:
+                held += e.stat().st_blocks * 512
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            counts = dict(self._counts)
+        counts.pop("storage_read_ns")
+        return {"dir": self.dir, "bound_bytes": self.bound, "held_bytes": held, "shards": len(files),
+                **counts, "disabled": self.disabled or ""}
+
+    def close(self) -> None:
+        self._closed = True
+        self._fills.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for entry in self.entries.values():
+                if entry is not None:
+                    with contextlib.suppress(OSError):
+                        os.utime(entry.file.path)  # used until now, for the LRU order of eviction
+                    entry.file.close()
+            self.entries.clear()

@@ -1,0 +1,41 @@
+"""Where a disk tier may go by default: node-local scratch of a batch job, never a network filesystem."""
+
+from __future__ import annotations
+
+import os
+
+# Filesystems on a local block device. Anything else (nfs, lustre, gpfs, cifs, fuse.*, ceph,
+# beegfs, tmpfs, overlay ...) is shared, remote or RAM: a tier there saves nothing, or costs RAM.
+LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "jfs"}
+SCRATCH_ENV = ("SLURM_TMPDIR", "TMPDIR")
+SCRATCH_DIRS = ("/local", "/scratch/local")
+
+
+def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem holding ``path`` (the mount with the longest matching prefix)."""
+    real = os.path.realpath(path)
+    best, fstype = "", None
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4].replace("\\040", " ")
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, fstype = point, right.split()[0]
+    return fstype
+
+
+def is_local_disk(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and filesystem_type(path) in LOCAL_FILESYSTEMS
+    except OSError:
+        return False
+
+
+def job_scratch_tier(env: dict | None = None) -> str | None:
+    """``<scratch>/shardfs-cache-<uid>`` on the job's node-local scratch, if it has one."""
+    env = os.environ if env is None else env
+    for place in [env.get(name) for name in SCRATCH_ENV] + list(SCRATCH_DIRS):
+        if place and is_local_disk(place):
+            return os.path.join(place, f"shardfs-cache-{os.getuid()}")
+    return None

@@ -1,0 +1,302 @@
+"""The disk tier through real mounts: filled once, reused by later and concurrent mounts, never
+wrong bytes (flipped bytes on local disk, a changed shard, a full disk, a daemon killed mid-fill),
+remote shards too. Every read is checked by sha256 against the source."""
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+
+import pytest
+
+from conftest import needs_fuse, shardfs_cmd
+from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
+from shardfs.service.mount import process_alive
+from shardfs.storage.tierfile import TierFile, read_header
+
+pytestmark = needs_fuse
+
+SMALL_RAM = "1M"  # no shard fits: members are read through the tier, which fills in the background
+BIG_RAM = "256M"  # every shard fits: the RAM loaders fill RAM and the tier in one pass
+
+
+def write_shards(out, seed: int = 7, shards: int = 4, members: int = 12, largest: int = 1_500_000,
+                 first: int = 0) -> dict:
+    """Tar shards part-<first>.tar... of random members; returns {member: sha256}."""
+    rng = random.Random(seed)
+    out.mkdir(exist_ok=True)
+    digests = {}
+    for s in range(first, first + shards):
+        with tarfile.open(out / f"part-{s:02d}.tar", "w") as tf:
+            for i in range(members):
+                data = rng.randbytes(rng.randrange(10_000, largest))
+                info = tarfile.TarInfo(f"c{i % 3}/f{s}_{i}.bin")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+                digests[info.name] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+@pytest.fixture
+def shards(tmp_path):
+    out = tmp_path / "shards"
+    digests = write_shards(out)
+    return out, digests, tar_bytes(out)
+
+
+def tar_bytes(folder) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.tar"))  # not the indexes beside them
+
+
+def read_all(root, digests, seed: int = 0) -> None:
+    names = sorted(digests)
+    random.Random(seed).shuffle(names)
+    for name in names:
+        with open(os.path.join(root, name), "rb", buffering=0) as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digests[name], name
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def cached(tier) -> list[dict]:
+    return json.loads(shardfs_cmd("cache", "ls", str(tier), "--json", check=True).stdout)
+
+
+def wait_filled(tier, total: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(c["filled"] for c in cached(tier)) < total:
+        assert time.monotonic() < deadline, cached(tier)
+        time.sleep(0.1)
+
+
+def storage_bytes(m) -> int:
+    return m.stats()["cache"]["storage_bytes_read"]
+
+
+def options(tier, ram: str, *more: str) -> tuple[str, ...]:
+    return ("--disk-cache", str(tier), "--cache-size", ram, *more)
+
+
+@pytest.mark.parametrize("ram", [SMALL_RAM, BIG_RAM])
+def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, mount, tmp_path, ram):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, ram))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    first = m.stats()
+    assert first["cache"]["storage_bytes_read"] <= 1.05 * total
+    assert first["disk"]["bytes_written"] == total and first["disk"]["shards"] == 4
+    assert oct(os.stat(tier).st_mode & 0o777) == "0o700"
+    assert all(oct(os.stat(c["path"]).st_mode & 0o777) == "0o600" for c in cached(tier))
+    assert shardfs_cmd("umount", m.path).returncode == 0
+
+    again = mount(src, options=options(tier, ram), name="again")
+    read_all(again.path, digests, seed=1)
+    read_all(again.path, digests, seed=2)  # a second epoch: RAM or the tier, never storage
+    second = again.stats()
+    assert second["cache"]["storage_bytes_read"] == 0
+    assert second["disk"]["hits"] > 0 and second["disk"]["bytes_written"] == 0
+    assert re.search(r"^disk\s.*held_bytes=\d+.*hits=\d+", shardfs_cmd("stats", again.path, check=True).stdout, re.M)
+
+
+def test_two_daemons_share_one_directory_at_once(shards, mount, tmp_path):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    ms = [mount(src, options=options(tier, ram), name=f"mnt{i}") for i, ram in enumerate([BIG_RAM, SMALL_RAM])]
+    errors = []
+
+    def reader(root, seed):
+        try:
+            read_all(root, digests, seed)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(m.path, i)) for i, m in enumerate(ms)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    wait_filled(tier, total)
+    fetched = sum(storage_bytes(m) for m in ms)
+    assert fetched <= 1.1 * total, (fetched, total)  # one pass between both, a few chunks of margin
+    assert len(cached(tier)) == 4
+    held = [c for c in cached(tier) if c["in_use"]]
+    assert len(held) == 4
+    # clear skips what live mounts hold
+    assert "4 skipped" in shardfs_cmd("cache", "clear", str(tier), check=True).stdout
+    for m in ms:
+        read_all(m.path, digests, seed=5)
+
+
+def flip_byte(cache_file: str, offset_in_shard: int) -> None:
+    fd = os.open(cache_file, os.O_RDWR)
+    try:
+        where = TierFile(fd, cache_file, read_header(fd)).data_at + offset_in_shard
+        byte = os.pread(fd, 1, where)
+        os.pwrite(fd, bytes([byte[0] ^ 0x40]), where)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("ram", [SMALL_RAM, BIG_RAM])
+def test_a_flipped_byte_on_local_disk_is_read_again_from_storage(shards, mount, tmp_path, ram):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, ram))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    victim = next(c for c in cached(tier) if c["source"].endswith("part-01.tar"))
+    flip_byte(victim["path"], 700_000)  # inside the first chunk, past the first member's header
+
+    again = mount(src, options=options(tier, ram), name="again")
+    read_all(again.path, digests, seed=3)
+    disk = again.stats()["disk"]
+    assert disk["checksum_failures"] == 1
+    assert 0 < storage_bytes(again) <= 1 << 20  # that chunk, and only it, from storage
+    assert "failed its checksum in the disk tier" in again.log()
+    assert shardfs_cmd("umount", again.path).returncode == 0
+    third = mount(src, options=options(tier, ram), name="third")  # the chunk was written again, good
+    read_all(third.path, digests, seed=4)
+    assert storage_bytes(third) == 0 and third.stats()["disk"]["checksum_failures"] == 0
+
+
+def test_a_changed_shard_is_dropped_from_the_tier(shards, mount, tmp_path):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, SMALL_RAM))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    old = {c["source"]: c for c in cached(tier)}
+
+    fresh = write_shards(tmp_path / "fresh", seed=99, shards=1, members=8, first=2)
+    changed = src / "part-02.tar"
+    os.replace(tmp_path / "fresh" / "part-02.tar", changed)
+    digests = {k: v for k, v in digests.items() if not k.split("/")[1].startswith("f2_")}
+    digests.update(fresh)
+
+    again = mount(src, options=options(tier, SMALL_RAM), name="again")
+    read_all(again.path, digests, seed=6)
+    assert storage_bytes(again) <= 1.05 * changed.stat().st_size  # the others came from the tier
+    wait_filled(tier, tar_bytes(src))
+    now = {c["source"]: c for c in cached(tier)}
+    assert now[str(changed)]["size"] == changed.stat().st_size != old[str(changed)]["size"]
+    assert len(now) == 4
+
+
+def test_rewritten_in_place_with_the_same_names(tmp_path, mount):
+    """A shard rewritten with other bytes under the same member names: the tier must not serve old bytes."""
+    src = tmp_path / "shards"
+    first = write_shards(src, seed=1, shards=2, members=6)
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, SMALL_RAM))
+    read_all(m.path, first)
+    wait_filled(tier, tar_bytes(src))
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    second = write_shards(src, seed=2, shards=2, members=6)
+    assert second != first
+    again = mount(src, options=options(tier, SMALL_RAM), name="again")
+    read_all(again.path, second)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "small"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.parametrize("ram", [SMALL_RAM, BIG_RAM])
+def test_a_full_local_disk_degrades_to_storage_with_one_log_line(shards, mount, small_tmpfs, ram):
+    src, digests, total = shards
+    assert total > 3 * 2**20
+    m = mount(src, options=options(small_tmpfs / "tier", ram, "--disk-cache-size", "1G"))
+    read_all(m.path, digests)
+    read_all(m.path, digests, seed=1)
+    stats = m.stats()
+    assert stats["read_errors"] == 0
+    assert stats["disk"]["disabled"]
+    assert m.log().count("reading from shared storage only from now on") == 1
+
+
+def test_restart_during_a_fill_resumes_and_never_trusts_half_written_chunks(tmp_path, mount):
+    src = tmp_path / "shards"
+    digests = write_shards(src, seed=3, shards=1, members=12, largest=24_000_000)
+    total = (src / "part-00.tar").stat().st_size
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, SMALL_RAM))
+    name = sorted(digests)[0]
+    with open(os.path.join(m.path, name), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == digests[name]
+    os.kill(m.pid, signal.SIGKILL)  # the background fill is under way
+    deadline = time.monotonic() + 10
+    while process_alive(m.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(50):  # auto_unmount: fusermount3 cleans the mount up after the daemon died
+        if not os.path.ismount(m.path):
+            break
+        time.sleep(0.1)
+    filled = sum(c["filled"] for c in cached(tier))
+    assert filled <= total
+
+    again = mount(src, options=options(tier, SMALL_RAM), name="again")
+    read_all(again.path, digests)
+    wait_filled(tier, total)
+    assert storage_bytes(again) <= total - filled + (2 << 20)  # resumed: what was there is not read again
+    assert shardfs_cmd("umount", again.path).returncode == 0
+    third = mount(src, options=options(tier, SMALL_RAM), name="third")
+    read_all(third.path, digests, seed=1)
+    assert storage_bytes(third) == 0
+
+
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_remote_shards_go_through_the_tier(shards, mount, tmp_path, monkeypatch, request, kind):
+    src, digests, total = shards
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if kind == "http":
+        base, www = request.getfixturevalue("nginx")
+        for p in src.iterdir():
+            os.link(p, www / p.name)
+        source, more = f"{base}/part-{{00..03}}.tar", ()
+    else:
+        source = request.getfixturevalue("bucket").upload_dir(src)
+        more = ("--option", f"endpoint_url={request.getfixturevalue('moto_endpoint')}")
+    tier = tmp_path / "tier"
+    m = mount(source, options=options(tier, SMALL_RAM, *more))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    assert shardfs_cmd("umount", m.path).returncode == 0
+
+    again = mount(source, options=options(tier, SMALL_RAM, *more), name="again")
+    read_all(again.path, digests, seed=1)
+    stats = again.stats()
+    assert stats["cache"]["storage_bytes_read"] == 0 and stats["remote"]["bytes"] == 0
+
+
+def test_cache_ls_and_clear(shards, mount, tmp_path):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, BIG_RAM))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    listing = shardfs_cmd("cache", "ls", str(tier), check=True).stdout
+    assert "4 shards" in listing and listing.count("in use") == 4
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    assert "idle" in shardfs_cmd("cache", "ls", str(tier), check=True).stdout
+    assert shardfs_cmd("cache", "clear", str(tier), check=True).stdout.startswith("4 shards removed")
+    assert cached(tier) == []
