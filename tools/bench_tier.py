@@ -47,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (REPO, HERE) if p not in sys.path]
-from bench import _gen_class, drop_caches, fusermount, proc_field, tune_side  # noqa: E402
+from bench import CpuMeter, _gen_class, drop_caches, fusermount, pid_cpu_s, proc_field, tune_side  # noqa: E402
 from shardfs.storage.memory import parse_size  # noqa: E402
 
 MARKER_VERSION = 1
@@ -208,30 +208,38 @@ def _reader(paths: list[str], barrier, results, slot: int) -> None:
     results[slot * 3: slot * 3 + 3] = [files, nbytes, errors]
 
 
-def epoch(root: str, readers: int, seed: int, expect: int) -> dict:
-    """drop_caches, ImageFolder listing, every file once in a random order."""
+def epoch(root: str, readers: int, seed: int, expect: int, daemon: int | None = None) -> dict:
+    """drop_caches, ImageFolder listing, every file once in a random order. Also the CPU seconds of
+    the `daemon` pid, and the share of the machine's CPU that processes not ours took (noise)."""
     from torchvision.datasets import ImageFolder
 
     drop_caches()
+    others, daemon_cpu0 = CpuMeter(daemon), pid_cpu_s(daemon)
     t0 = time.perf_counter()
     paths = [p for p, _ in ImageFolder(root).samples]
     list_s = time.perf_counter() - t0
     random.Random(seed).shuffle(paths)
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(readers + 1), ctx.Array("q", 3 * readers, lock=False)
-    procs = [ctx.Process(target=_reader, args=(paths[i::readers], barrier, results, i), daemon=True)
-             for i in range(readers)]  # daemon: an interrupted run ends them before unmounting
-    for p in procs:
-        p.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for p in procs:
-        p.join()
-    read_s = time.perf_counter() - t0
+    procs = [ctx.Process(target=_reader, args=(paths[i::readers], barrier, results, i)) for i in range(readers)]
+    try:
+        for p in procs:
+            p.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for p in procs:
+            p.join()
+        read_s = time.perf_counter() - t0
+    finally:  # interrupted: our readers go before the mounts they read are undone
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join()
     files, errors = sum(results[0::3]), sum(results[2::3])
     if files != expect or errors:
         raise RuntimeError(f"{root}: read {files} of {expect} files, {errors} errors")
-    return {"list_s": list_s, "read_s": read_s, "fps": files / read_s}
+    return {"list_s": list_s, "read_s": read_s, "fps": files / read_s, "others_cpu": others.background(),
+            "daemon_cpu_s": pid_cpu_s(daemon) - daemon_cpu0 if daemon else None}
 
 
 def sequential_bound(shards: list[str], files: int) -> dict:
@@ -271,7 +279,13 @@ class ShardfsMount:
         """fusermount3 -u (lazily when busy); wait for the daemon; SIGTERM only its own pid."""
         if self.mnt is None:
             return
-        if not fusermount(self.mnt) and os.path.ismount(self.mnt):
+        for _ in range(5):  # a busy mount: give whoever holds it a few seconds
+            if fusermount(self.mnt) or not os.path.ismount(self.mnt):
+                break
+            time.sleep(1)
+        else:
+            held = subprocess.run(["fuser", "-vm", self.mnt], capture_output=True, text=True)
+            print(f"WARNING: {self.mnt} busy, unmounting lazily; held by:\n{held.stdout}{held.stderr}", file=sys.stderr)
             fusermount(self.mnt, lazy=True)
         deadline = time.monotonic() + 30
         while self.pid and os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
@@ -322,7 +336,7 @@ def one_round(ctx, r: int) -> dict:
     out["shardfs"], out["shardfs_storage"] = [], []
     for s in seeds:
         before = device_read_bytes(ctx.dev)
-        out["shardfs"].append(epoch(os.path.join(m.mnt, "train"), a.readers, s, files))
+        out["shardfs"].append(epoch(os.path.join(m.mnt, "train"), a.readers, s, files, m.pid))
         out["shardfs_storage"].append(device_read_bytes(ctx.dev) - before)
     out["storage_total"] = device_read_bytes(ctx.dev) - dev0  # the mount's index loads included
     out["rss_at_mount"], out["rss_peak"] = m.rss_at_mount, m.peak_rss()
@@ -334,7 +348,7 @@ def one_round(ctx, r: int) -> dict:
     drop_caches()
     dev0 = device_read_bytes(ctx.dev)
     m2 = ShardfsMount(ctx, "shardfs-again")
-    out["second"] = epoch(os.path.join(m2.mnt, "train"), a.readers, seeds[0], files)
+    out["second"] = epoch(os.path.join(m2.mnt, "train"), a.readers, seeds[0], files, m2.pid)
     out["second_storage"] = device_read_bytes(ctx.dev) - dev0
     out["second_stats"] = m2.stats()
     m2.unmount()
@@ -381,6 +395,11 @@ def report(ctx, rounds: list[dict]) -> None:
         ("  shardfs mount + all epochs", spread((x(r["storage_total"]) for r in rounds), "{:.3f}")),
         ("  2nd mount (same disk cache)", spread((x(r["second_storage"]) for r in rounds), "{:.3f}")),
         (f"  plain capped, {a.epochs} epochs", spread((x(r["plain_storage"]) for r in rounds), "{:.3f}")),
+        (f"daemon CPU s, epoch 1..{a.epochs}",
+         " / ".join(spread((r["shardfs"][e]["daemon_cpu_s"] for r in rounds), "{:.1f}") for e in range(a.epochs))),
+        ("others' CPU share %, max over epochs", "  ".join(
+            f"{k} {spread((100 * max(e['others_cpu'] for e in r[k]) for r in rounds))}"
+            for k in ("shardfs", "plain", "staged"))),
         ("staged by hand: cp -r s", spread((r["stage_s"] for r in rounds), "{:.1f}")),
         ("sequential bound MB/s", spread((r["seq"]["mbps"] for r in rounds), "{:.0f}")),
         ("shardfs mount s (index exists)", spread((r["mount_s"] for r in rounds), "{:.2f}")),
@@ -389,7 +408,7 @@ def report(ctx, rounds: list[dict]) -> None:
     ]
     for name, value in rows:
         print(f"{name:<40}{value}")
-    print(f"RAM budget {a.cache_size / 1e6:.0f} MB; indexes on disk {ctx.index_bytes / 1e6:.1f} MB; shards "
+    print(f"RAM budget {a.cache_size >> 20} MiB; indexes on disk {ctx.index_bytes / 1e6:.1f} MB; shards "
           f"{shard_bytes / 1e9:.3f} GB in {len(ctx.shards)} files; daemon in the capped cgroup: "
           f"{all(r['in_cgroup'] for r in rounds)}")
     last = rounds[-1]
@@ -478,7 +497,7 @@ def main() -> int:
         stack.callback(shutil.rmtree, ctx.disk_cache, True)
         stack.callback(shutil.rmtree, os.path.join(ctx.work, "staged"), True)
         ctx.has_tier = "--disk-cache" in run(shardfs_cmd("mount", "--help"), cwd=REPO).stdout
-        ctx.mount_options = ["--cache-size", str(args.cache_size)]
+        ctx.mount_options = ["--cache-size", f"{args.cache_size >> 20}M"]
         if ctx.has_tier:
             ctx.mount_options += ["--disk-cache", ctx.disk_cache,
                                   "--disk-cache-size", args.disk_cache_size or str(2 * ctx.shard_bytes)]
