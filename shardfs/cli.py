@@ -20,7 +20,7 @@ def _setup_logging(level: str, log_file: str | None = None, journal: bool = Fals
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    from shardfs.storage.remote import RedactingFilter
+    from shardfs.redact import RedactingFilter
 
     stream = logging.StreamHandler(sys.stderr)
     stream.addFilter(RedactingFilter())

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 
-from shardfs import sample
-from shardfs.service.mount import is_stale, process_alive
+from benchlib import sample
+from benchlib.cli import shardfs
+from benchlib.mounts import Mounted, mount_stats
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def shardfs_cmd(*args: str, check: bool = False, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    if check and done.returncode != 0:
-        raise AssertionError(f"shardfs {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done
+shardfs_cmd = functools.partial(shardfs, timeout=300)
 
 
 def fuse_available() -> bool:
@@ -33,17 +24,8 @@ needs_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse an
 
 
 def force_unmount(path: str, pid: int | None = None) -> None:
-    """fusermount3 -u, then lazy, then the daemon we started (by pid, never by name)."""
-    for cmd in (["fusermount3", "-u", path], ["fusermount3", "-u", "-z", path]):
-        if not os.path.ismount(path) and not is_stale(path):
-            break
-        subprocess.run(cmd, capture_output=True)
-    if pid:
-        try:
-            os.kill(pid, 15)
-        except ProcessLookupError:
-            pass
-
+    """fusermount3 -u, then lazy; wait for the daemon (by pid, never by name), SIGTERM when it stays."""
+    Mounted(path, pid=pid).unmount(wait=10)
 
 
 class Mount:
@@ -51,7 +33,7 @@ class Mount:
         self.path, self.pid, self.log_file, self.output = path, pid, log_file, output
 
     def stats(self) -> dict:
-        return json.loads(os.getxattr(self.path, "user.shardfs.fuse.stats"))
+        return json.loads(os.getxattr(self.path, "user.shardfs.stats"))
 
     def log(self) -> str:
         with open(self.log_file) as f:
@@ -71,8 +53,7 @@ def mount(tmp_path):
         if not expect_ok:
             return done
         assert done.returncode == 0, f"mount failed:\n{done.stdout}\n{done.stderr}"
-        m = Mount(str(mnt), json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))["pid"], log_file,
-                  done.stdout + done.stderr)
+        m = Mount(str(mnt), mount_stats(str(mnt))["pid"], log_file, done.stdout + done.stderr)
         made.append(m)
         return m
 
@@ -80,10 +61,7 @@ def mount(tmp_path):
         yield do_mount
     finally:
         for m in made:
-            force_unmount(m.path, None if shardfs_cmd("umount", m.path).returncode == 0 else m.pid)
-            deadline = time.monotonic() + 10
-            while process_alive(m.pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            force_unmount(m.path, m.pid)
 
 
 @pytest.fixture(scope="session")

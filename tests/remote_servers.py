@@ -6,40 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
-import time
 import uuid
 
 import pytest
 
-from shardfs.service.mount import stop_child
+from benchlib.mounts import stop_child
+from benchlib.servers import ACCESS_KEY, SECRET_KEY, nginx_binary, start_moto, start_nginx
 
-ACCESS_KEY, SECRET_KEY = "AKIDSHARDFSTEST01", "shardfs-test-secret-value-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start (exit status {proc.poll()})") from None
-            time.sleep(0.05)
-
-
-_stop = stop_child  # servers and proxies are stopped by the pid we started, never by name
+__all__ = ["ACCESS_KEY", "SECRET_KEY"]  # the tests use the credentials the servers take
 
 
 @pytest.fixture(scope="session")
@@ -47,16 +23,12 @@ def moto_endpoint(tmp_path_factory):
     """moto's standalone S3 server on a free loopback port: its endpoint URL."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_for_port(port, proc, "moto server")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(proc)
-        log.close()
+    with open(tmp_path_factory.mktemp("moto") / "moto.log", "wb") as log:
+        proc, endpoint = start_moto(log)
+        try:
+            yield endpoint
+        finally:
+            stop_child(proc)
 
 
 @pytest.fixture
@@ -99,27 +71,6 @@ def bucket(moto_endpoint, aws_env):
     return Bucket(moto_endpoint)
 
 
-NGINX_CONF = """
-worker_processes 1;
-{user}
-error_log {prefix}/error.log;
-pid {prefix}/nginx.pid;
-events {{ worker_connections 256; }}
-http {{
-    access_log {prefix}/access.log;
-    client_body_temp_path {prefix}/tmp; proxy_temp_path {prefix}/tmp; fastcgi_temp_path {prefix}/tmp;
-    uwsgi_temp_path {prefix}/tmp; scgi_temp_path {prefix}/tmp;
-    default_type application/octet-stream;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        autoindex on;
-        {extra}
-    }}
-}}
-"""
-
-
 @pytest.fixture
 def nginx(tmp_path):
     """nginx from Debian serving ``tmp_path / "www"`` (Range, ETag, If-Match): (base URL, www dir)."""
@@ -133,22 +84,15 @@ def nginx_without_etag(tmp_path):
 
 
 def _nginx(tmp_path, extra: str):
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if binary is None:
+    if nginx_binary() is None:
         pytest.skip("needs nginx (apt-get install nginx; tools/setup.sh does)")
-    prefix, www, port = tmp_path / "nginx", tmp_path / "www", free_port()
-    (prefix / "tmp").mkdir(parents=True)
+    www = tmp_path / "www"
     www.mkdir()
-    conf = prefix / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(prefix=prefix, root=www, port=port, extra=extra,
-                                      user="user root;" if os.getuid() == 0 else ""))
-    proc = subprocess.Popen([binary, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=open(prefix / "stderr.log", "wb"))
+    proc, url = start_nginx(str(tmp_path / "nginx"), str(www), extra)
     try:
-        _wait_for_port(port, proc, "nginx")
-        yield f"http://127.0.0.1:{port}", www
+        yield url, www
     finally:
-        _stop(proc)
+        stop_child(proc)
 
 
 class FaultyProxy:

@@ -39,12 +39,29 @@ BASE = {"sources": ["/d"], "mountpoint": "/m"}
     ({"allow_other": "yes"}, "allow_other: expected true or false, got str"),
     ({"log_level": "loud"}, "log_level: expected one of debug, info"),
     ({"index_dir": 7}, "index_dir: expected a path"),
+    ({"disk_cache": 1}, "disk_cache: expected a directory on node-local disk"),
+    ({"disk_cache_size": "huge"}, "disk_cache_size: cannot read size 'huge'"),
 ])
 def test_each_wrong_key_or_type_names_key_and_file(change, message):
     with pytest.raises(UsageError) as exc:
         parse_config({**BASE, **change}, "/etc/shardfs/x.toml")
     assert str(exc.value).startswith("/etc/shardfs/x.toml: ")
     assert message in str(exc.value)
+
+
+def test_disk_tier_keys_from_every_front_door():
+    from shardfs.service.api import mount_command
+    from shardfs.service.config import MountConfig, apply_options, to_args
+
+    cfg = parse_config({**BASE, "disk_cache": "/local/t", "disk_cache_size": 10**12})
+    assert (cfg.disk_cache, cfg.disk_cache_size) == ("/local/t", str(10**12))
+    fstab = MountConfig(sources=["/d"], mountpoint="/m")
+    apply_options(fstab, "ro,disk_cache=/local/t,disk_cache_size=80%")
+    assert (fstab.disk_cache, fstab.disk_cache_size) == ("/local/t", "80%")
+    args = to_args(fstab)
+    assert args[args.index("--disk-cache") + 1] == "/local/t" and "80%" in args
+    cmd = mount_command(["/d"], "/m", {"disk_cache": "/local/t", "disk_cache_size": "800G"})
+    assert cmd[-4:] == ["--disk-cache", "/local/t", "--disk-cache-size", "800G"]
 
 
 def test_missing_keys_and_bad_files(tmp_path):

@@ -2,6 +2,8 @@
 
 import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -128,3 +130,40 @@ def test_placement_only_on_local_block_filesystems(tmp_path):
     if os.path.isdir("/dev/shm"):
         assert job_scratch_tier({"TMPDIR": "/dev/shm"}) in (None, *[f"{d}/shardfs-cache-{os.getuid()}"
                                                                   for d in ("/local", "/scratch/local")])
+
+
+def test_a_filler_that_stalls_is_taken_over(tmp_path):
+    """Another process holds a shard's fill lock but fills nothing: we fill it ourselves."""
+    data = make_shard(tmp_path / "a.tar", 3 * tierfile.CHUNK)
+    shard = open_shard(tmp_path / "a.tar")
+    tierfile.prepare_dir(str(tmp_path / "tier"))
+    made = tierfile.TierFile.open_or_create(str(tmp_path / "tier"), tierfile.identity(shard))
+    made.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.lockf(fd, fcntl.LOCK_EX, 1, 0); print('locked', flush=True); time.sleep(120)", made.path],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        tier = DiskTier(str(tmp_path / "tier"), "1G")
+        try:
+            assert tier.pread(shard, 5, 2 * tierfile.CHUNK) == data[5 : 5 + 2 * tierfile.CHUNK]
+            assert tier.snapshot()["bytes_written"] >= 2 * tierfile.CHUNK
+        finally:
+            tier.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_path_too_long_for_a_header_is_read_directly(tmp_path):
+    data = make_shard(tmp_path / "a.tar", 3000)
+    shard = open_shard(tmp_path / "a.tar")
+    shard.fd()  # opened now: the bytes still come from the file when its path is renamed below
+    shard.path = "/" + "x" * 5000  # as a URL of that length would be
+    tier = DiskTier(str(tmp_path / "tier"), "1G")
+    try:
+        assert tier.pread(shard, 10, 100) == data[10:110]
+        assert tier.snapshot()["shards"] == 0 and not tier.disabled
+    finally:
+        tier.close()

@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from conftest import needs_fuse, shardfs_cmd
 from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
 from shardfs.service.mount import process_alive
+from shardfs.storage.placement import is_local_disk
 from shardfs.storage.tierfile import TierFile, read_header
 
 pytestmark = needs_fuse
@@ -83,13 +85,19 @@ def options(tier, ram: str, *more: str) -> tuple[str, ...]:
     return ("--disk-cache", str(tier), "--cache-size", ram, *more)
 
 
+def mount_and_fill(mount, source, tier, ram: str, digests: dict, total: int, *more: str):
+    """A mount with a disk tier, every file read (and checked) once, the tier filled."""
+    m = mount(source, options=options(tier, ram, *more))
+    read_all(m.path, digests)
+    wait_filled(tier, total)
+    return m
+
+
 @pytest.mark.parametrize("ram", [SMALL_RAM, BIG_RAM])
 def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, mount, tmp_path, ram):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, ram))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, ram, digests, total)
     first = m.stats()
     assert first["cache"]["storage_bytes_read"] <= 1.05 * total
     assert first["disk"]["bytes_written"] == total and first["disk"]["shards"] == 4
@@ -104,6 +112,9 @@ def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, moun
     assert second["cache"]["storage_bytes_read"] == 0
     assert second["disk"]["hits"] > 0 and second["disk"]["bytes_written"] == 0
     assert re.search(r"^disk\s.*held_bytes=\d+.*hits=\d+", shardfs_cmd("stats", again.path, check=True).stdout, re.M)
+    assert "disk tier" in shardfs_cmd("stats", again.path, "--watch", "--count", "1", check=True).stdout
+    metrics = shardfs_cmd("stats", again.path, "--format", "prometheus", check=True).stdout
+    assert re.search(r"^shardfs_disk_hits_total\{.*\} [1-9]", metrics, re.M) and "shardfs_disk_bytes{" in metrics
 
 
 def test_two_daemons_share_one_directory_at_once(shards, mount, tmp_path):
@@ -150,9 +161,7 @@ def flip_byte(cache_file: str, offset_in_shard: int) -> None:
 def test_a_flipped_byte_on_local_disk_is_read_again_from_storage(shards, mount, tmp_path, ram):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, ram))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, ram, digests, total)
     assert shardfs_cmd("umount", m.path).returncode == 0
     victim = next(c for c in cached(tier) if c["source"].endswith("part-01.tar"))
     flip_byte(victim["path"], 700_000)  # inside the first chunk, past the first member's header
@@ -172,9 +181,7 @@ def test_a_flipped_byte_on_local_disk_is_read_again_from_storage(shards, mount, 
 def test_a_changed_shard_is_dropped_from_the_tier(shards, mount, tmp_path):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, SMALL_RAM))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, SMALL_RAM, digests, total)
     assert shardfs_cmd("umount", m.path).returncode == 0
     old = {c["source"]: c for c in cached(tier)}
 
@@ -277,9 +284,7 @@ def test_remote_shards_go_through_the_tier(shards, mount, tmp_path, monkeypatch,
         source = request.getfixturevalue("bucket").upload_dir(src)
         more = ("--option", f"endpoint_url={request.getfixturevalue('moto_endpoint')}")
     tier = tmp_path / "tier"
-    m = mount(source, options=options(tier, SMALL_RAM, *more))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, source, tier, SMALL_RAM, digests, total, *more)
     assert shardfs_cmd("umount", m.path).returncode == 0
 
     again = mount(source, options=options(tier, SMALL_RAM, *more), name="again")
@@ -291,12 +296,69 @@ def test_remote_shards_go_through_the_tier(shards, mount, tmp_path, monkeypatch,
 def test_cache_ls_and_clear(shards, mount, tmp_path):
     src, digests, total = shards
     tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, BIG_RAM))
-    read_all(m.path, digests)
-    wait_filled(tier, total)
+    m = mount_and_fill(mount, src, tier, BIG_RAM, digests, total)
     listing = shardfs_cmd("cache", "ls", str(tier), check=True).stdout
     assert "4 shards" in listing and listing.count("in use") == 4
     assert shardfs_cmd("umount", m.path).returncode == 0
     assert "idle" in shardfs_cmd("cache", "ls", str(tier), check=True).stdout
     assert shardfs_cmd("cache", "clear", str(tier), check=True).stdout.startswith("4 shards removed")
     assert cached(tier) == []
+
+
+CHILD = """
+import hashlib, json, os, sys
+root = os.environ["SHARDFS_MOUNT"]
+digests = json.load(open(sys.argv[1]))
+for name, want in digests.items():
+    with open(os.path.join(root, name), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == want, name
+print(json.dumps(json.loads(os.getxattr(root, "user.shardfs.stats"))["disk"]))
+"""
+
+
+def test_shardfs_run_in_a_batch_job_uses_the_jobs_local_scratch(shards, tmp_path):
+    src, digests, total = shards
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    if not is_local_disk(str(scratch)):
+        pytest.skip(f"{scratch} is not on a local disk filesystem")
+    (tmp_path / "digests.json").write_text(json.dumps(digests))
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_TMPDIR", "CACHE_DIRECTORY")}
+    env.update(SLURM_JOB_ID="4242", TMPDIR=str(scratch))
+    done = shardfs_cmd("run", str(src), "--cache-size", SMALL_RAM, "--", sys.executable, "-c", CHILD,
+                       str(tmp_path / "digests.json"), env=env)
+    assert done.returncode == 0, done.stderr
+    disk = json.loads(done.stdout.strip().splitlines()[-1])
+    assert disk["dir"] == str(scratch / f"shardfs-cache-{os.getuid()}") and disk["hits"] + disk["bytes_written"] > 0
+    has_tier = ("import os, json; "
+                "print('disk' in json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')))")
+    done = shardfs_cmd("run", str(src), "--disk-cache", "off", "--", sys.executable, "-c", has_tier, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    env.pop("SLURM_JOB_ID")  # not a batch job: no tier unless asked for
+    done = shardfs_cmd("run", str(src), "--", sys.executable, "-c", has_tier, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_python_api_takes_the_disk_tier_options(shards, tmp_path):
+    import shardfs
+
+    src, digests, total = shards
+    with shardfs.mounted(src, disk_cache=tmp_path / "tier", disk_cache_size="1G", cache_size=SMALL_RAM) as root:
+        read_all(root, digests)
+        disk = json.loads(os.getxattr(root, "user.shardfs.stats"))["disk"]
+    assert disk["dir"] == str(tmp_path / "tier") and disk["bound_bytes"] == 1 << 30
+
+
+def test_a_tier_smaller_than_the_dataset_stays_bounded_and_never_thrashes(shards, mount, tmp_path):
+    src, digests, total = shards
+    tier = tmp_path / "tier"
+    bound = total // 2
+    m = mount(src, options=options(tier, SMALL_RAM, "--disk-cache-size", str(bound)))
+    read_all(m.path, digests)
+    kept = sum(c["size"] for c in cached(tier))
+    wait_filled(tier, kept)  # the background fills of the admitted shards end
+    first = storage_bytes(m)
+    assert first <= 1.05 * total  # nothing fetched whole and then dropped
+    assert 0 < kept <= bound and m.stats()["disk"]["shards_refused"] > 0
+    read_all(m.path, digests, seed=1)
+    assert storage_bytes(m) - first <= total - kept + 0.05 * total  # the tier's part came from local disk

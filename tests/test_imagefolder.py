@@ -53,7 +53,7 @@ def test_dataloader_with_workers_runs_a_full_epoch(tar_shards, mount):
 
 
 def test_a_directory_mixing_tar_and_lz4_shards(sample_tree, tmp_path, mount):
-    from shardfs import sample
+    from benchlib import sample
     from shardfs.formats.lz4shard import Lz4ShardWriter
 
     out = tmp_path / "mixed"

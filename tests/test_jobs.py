@@ -93,7 +93,7 @@ def test_python_api_unmounts_also_on_exceptions(tar_shards, private_tmp):
     with shardfs.mounted(tar_shards, cache_size="64M") as root:
         ds = datasets.ImageFolder(os.path.join(root, "train"))
         assert len(ds) == 72 and ds[0][0].size == (64, 64)
-        assert json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["cache"]["budget_bytes"] == 64 << 20
+        assert json.loads(os.getxattr(root, "user.shardfs.stats"))["cache"]["budget_bytes"] == 64 << 20
     assert _shardfs_mounts(str(private_tmp)) == before and not os.path.exists(root)
 
     with pytest.raises(ZeroDivisionError):
@@ -140,7 +140,7 @@ def test_default_budget_fits_the_jobs_memory_cgroup(tar_shards, tmp_path):
                   f"{tar_shards} {mnt} --log-file {tmp_path}/log")
         done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        budget = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))["cache"]["budget_bytes"]
+        budget = json.loads(os.getxattr(mnt, "user.shardfs.stats"))["cache"]["budget_bytes"]
         assert 0.4 * (2 << 30) < budget <= (1 << 30)  # half of what the 2 GiB limit leaves
         assert "cgroup limit" in open(tmp_path / "log").read()
     finally:

@@ -34,7 +34,7 @@ def test_thousands_of_shards_with_a_low_soft_fd_limit(tmp_path):
         for i in range(count):  # every shard opened: far more descriptors than the soft limit we started with
             with open(os.path.join(mnt, f"d{i % 10}", f"f{i}.txt")) as f:
                 assert f.read() == f"{i}\n"
-        pid = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))["pid"]
+        pid = json.loads(os.getxattr(mnt, "user.shardfs.stats"))["pid"]
         assert len(os.listdir(f"/proc/{pid}/fd")) >= count
     finally:
         force_unmount(str(mnt))

@@ -224,7 +224,7 @@ def test_credentials_never_appear_in_logs_status_or_stats(bucket, tar_shards, mo
     with pytest.raises(OSError):
         _read(os.path.join(m.path, members(tmp_path, SHARDS[3])[0]))
     status = shardfs_cmd("status", m.path, "--json").stdout
-    stats = os.getxattr(m.path, "user.shardfs.fuse.stats").decode()
+    stats = os.getxattr(m.path, "user.shardfs.stats").decode()
     with open("/proc/self/mounts") as f:
         mounts = f.read()
     with open(f"/proc/{m.pid}/cmdline", "rb") as f:
@@ -257,7 +257,7 @@ def test_storage_options_in_a_config_file_and_as_fstab_options(bucket, tar_shard
 
 
 def test_lz4_shards_and_shardfs_index_on_s3(bucket, sample_tree, tar_shards, moto_endpoint, mount, tmp_path):
-    from shardfs import sample
+    from benchlib import sample
     from shardfs.formats.lz4shard import Lz4ShardWriter
 
     files = sample.files_under(str(sample_tree))

@@ -37,7 +37,7 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
     sock.bind(str(tmp_path / "notify"))
     sock.settimeout(0.5)
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "1000000",
-           "INVOCATION_ID": "test"}
+           "INVOCATION_ID": "test", "CACHE_DIRECTORY": str(tmp_path / "cache")}  # what CacheDirectory= sets
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", "--config", str(config), "--foreground"],
                               env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -47,6 +47,9 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
         later = _messages(sock, "WATCHDOG=1", seconds=10)
         later += _messages(sock, "STATUS=", seconds=15)
         assert any("reads" in m and "cache" in m for m in later if m.startswith("STATUS="))
+        # the unit's disk tier: in its CacheDirectory by default, shown in STATUS
+        assert any("disk tier" in m for m in later if m.startswith("STATUS="))
+        assert (tmp_path / "cache" / "tier").is_dir()
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=30) == 0
         assert any("STOPPING=1" in m for m in _messages(sock, "STOPPING=1", seconds=5))
@@ -77,7 +80,7 @@ def test_fstab_type_fuse_shardfs_through_mount_fuse3(tar_shards, tmp_path):
                                "-o", "ro,nofail,allow_other,cache_size=32M,prefetch=all"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
+        stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
         assert stats["cache"]["budget_bytes"] == 32 << 20 and stats["cache"]["prefetch"] == "all"
         assert "allow_other" in open("/proc/self/mounts").read().split(f" {mnt} ")[1].split()[1]
         assert subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import REPO, needs_fuse
-from shardfs import sample
+from benchlib import sample
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
 
 pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]

@@ -1,14 +1,9 @@
 """Many readers, a dataset larger than the budget, every byte checked (tools/stress.py)."""
 
-import os
-import sys
-
 import pytest
+import stress  # tools/stress.py (tools/ is on pytest's pythonpath)
 
 from conftest import needs_fuse
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import stress  # noqa: E402
 
 pytestmark = needs_fuse
 

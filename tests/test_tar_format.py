@@ -137,3 +137,62 @@ def test_normalise(raw, expected):
 def test_normalise_refuses(raw, why):
     with pytest.raises(names.BadName, match=why):
         names.normalise(raw)
+
+
+def _pax(**records: bytes) -> bytes:
+    body = b""
+    for key, value in records.items():
+        line = b" %s=%s\n" % (key.replace("_", ".").encode(), value)
+        length = len(line) + len(str(len(line) + 2))
+        body += b"%d%s" % (length, line)
+    return member(b"PaxHeader", body, typeflag=b"x")
+
+
+def test_constructs_that_are_not_one_byte_range_are_left_out(tmp_path):
+    sparse_header = bytearray(header(b"old-sparse", 5, typeflag=b"S"))
+    sparse_header[482] = 1  # isextended: one more block of sparse map before the data
+    sparse_header[148:156] = b" " * 8
+    sparse_header[148:156] = b"%06o\0 " % sum(sparse_header)
+    extension = bytearray(512)  # its own isextended byte (504) is 0: the last one
+    path = tmp_path / "n.tar"
+    path.write_bytes(archive(
+        bytes(sparse_header) + bytes(extension) + b"holes".ljust(512, b"\0"),
+        _pax(GNU_sparse_major=b"1", GNU_sparse_minor=b"0", GNU_sparse_name=b"real/name"),
+        member(b"./GNUSparseFile.1/name", b"map and data"),
+        member(b"part", b"rest of a file", typeflag=b"M"),
+        _pax(path=b"first"), _pax(path=b"second"), member(b"twice", b"?"),
+        member(b"after", b"still read"),
+    ))
+    result = TAR.scan(open_shard(str(path)))
+    assert [(r.path, _read(path, r)) for r in result.members] == [(b"after", b"still read")]
+    assert [w.split(":")[0] for w in result.warnings] == ["member old-sparse", "member real/name", "member part",
+                                                          "member second"]
+    assert result.error is None
+
+
+def test_dumpdirs_and_slash_ended_regular_members_are_directories(tmp_path):
+    path = tmp_path / "d.tar"
+    path.write_bytes(archive(member(b"inc/", b"Yfile\0Nold\0\0", typeflag=b"D"), member(b"v7dir/", typeflag=b"\0"),
+                             member(b"inc/file", b"data")))
+    result = TAR.scan(open_shard(str(path)))
+    assert [(r.path, r.kind) for r in result.members] == [(b"inc/", Kind.DIR), (b"v7dir/", Kind.DIR),
+                                                           (b"inc/file", Kind.FILE)]
+
+
+@pytest.mark.parametrize("field", [b"+0000000005\0", b"0_000000005\0", b"0o000000005\0", b"00000000009\0"])
+def test_numbers_are_plain_octal(tmp_path, field):
+    h = bytearray(header(b"f", 5))
+    h[124:136] = field
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    path = tmp_path / "o.tar"
+    path.write_bytes(archive(bytes(h) + b"hello".ljust(512, b"\0")))
+    result = TAR.scan(open_shard(str(path)))
+    assert result.members == [] and "bad number field" in result.error
+
+
+def test_pax_size_beyond_the_octal_field_wins(tmp_path):
+    path = tmp_path / "s.tar"
+    path.write_bytes(archive(_pax(size=b"5"), header(b"big", 0) + b"hello".ljust(512, b"\0"), member(b"next", b"n")))
+    result = TAR.scan(open_shard(str(path)))
+    assert [(r.path, _read(path, r)) for r in result.members] == [(b"big", b"hello"), (b"next", b"n")]

@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from shardfs import sample
+from benchlib import sample
 
 pytestmark = pytest.mark.skipif(
     os.getuid() != 0 or not all(shutil.which(t) for t in ("unshare", "runuser", "fusermount3")),

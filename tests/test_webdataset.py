@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import needs_fuse, shardfs_cmd
+from benchlib import sample
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
 from shardfs.index import shard_index
 from shardfs.index import store as index_store
-from shardfs import sample
+from benchlib import sample
 from shardfs.index import labels
 from shardfs.view import layouts
 from shardfs.service.config import MountConfig, apply_options, check, parse_config, to_args

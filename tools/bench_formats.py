@@ -45,16 +45,20 @@ import subprocess
 import sys
 import time
 
+import bench_scale as bs  # its 1M dataset, timed mounts, notes on disturbed runs
 import numpy as np
+from benchlib import machine, readers, tables
+from benchlib.caches import drop_caches
+from benchlib.cli import run, shardfs
+from benchlib.mounts import Mounts, mount_stats
+from benchlib.sample import files_under, make_imagefolder
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_scale as bs  # noqa: E402  (its mount/unmount/cleanup helpers, RSS, machine facts, 1M dataset)
-
-import shardfs  # noqa: E402
+import shardfs as shardfs_pkg
+from shardfs.storage.memory import parse_size
 
 log = bs.log
-med = bs.med
-spread = bs.spread
+med = tables.median
+spread = tables.spread
 NPY_KINDS = ("labels", "counts", "image8", "smooth_q", "smooth")
 NPY_VERSION = 1
 SCALE_PACK_VERSION = 1
@@ -69,32 +73,23 @@ SHARD_SUFFIXES = (".tar", ".lz4shard")
 class Ctx:
     """What every part needs: options, the mount helper, whether the page cache may be dropped."""
 
-    def __init__(self, args, work: str, mounts: bs.Mounts, can_drop: bool):
+    def __init__(self, args, work: str, mounts: Mounts, can_drop: bool):
         self.args, self.work, self.mounts, self.can_drop = args, work, mounts, can_drop
         self.mnt = os.path.join(work, "mnt")
 
     def drop(self) -> bool:
         """Drop the page cache (sync first), unless not allowed; True when it was dropped."""
-        return bs.drop_caches() if self.can_drop else False
+        return drop_caches() if self.can_drop else False
 
+    def mount(self, src: str, tag: str, index_dir: str) -> dict:
+        return bs.mount_timed(self.mounts, src, self.mnt, tag, index_dir, os.path.join(self.work, "logs"))
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+    def unmount(self, m: dict) -> float:
+        return bs.unmount_timed(self.mounts, m)
 
 
 def mbs(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e6 if seconds > 0 else float("nan")
-
-
-def files_under(root: str) -> list[str]:
-    out = []
-    for dirpath, dirs, files in os.walk(root):
-        dirs.sort()
-        out.extend(os.path.relpath(os.path.join(dirpath, f), root) for f in sorted(files))
-    return out
 
 
 def warm_read(root: str) -> tuple[int, int]:
@@ -125,14 +120,11 @@ def remove_indexes(*dirs: str) -> int:
     return n
 
 
-def run_cmd(cmd: list[str], timeout: float = 7200) -> tuple[float, subprocess.CompletedProcess]:
-    """Run a command in its own session (a Ctrl-C reaches only us); (wall seconds, result)."""
+def timed_pack(*args: str, timeout: float = 7200) -> tuple[float, subprocess.CompletedProcess]:
+    """``shardfs pack ARGS``: (wall seconds, result); a failure raises."""
     t = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
-    seconds = time.perf_counter() - t
-    if done.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    return seconds, done
+    done = shardfs("pack", *args, check=True, timeout=timeout)
+    return time.perf_counter() - t, done
 
 
 def save_json(path: str | None, data) -> None:
@@ -146,12 +138,9 @@ def machine_facts(work: str) -> dict:
     import lz4
     import lz4.block
 
-    m = bs.machine()
-    fs = subprocess.run(["df", "--output=source,fstype", work], capture_output=True, text=True).stdout.split("\n")
-    m.update({"root": os.geteuid() == 0, "shardfs": shardfs.__version__, "numpy": np.__version__,
-              "lz4": f"python-lz4 {lz4.__version__}, liblz4 {lz4.library_version_string()}",
-              "tar": subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
-              "workdir_fs": " ".join(fs[1].split()) if len(fs) > 1 else "?"})
+    m = machine.facts(work)
+    m.update({"lz4": f"python-lz4 {lz4.__version__}, liblz4 {lz4.library_version_string()}",
+              "tar": run(["tar", "--version"]).stdout.split("\n")[0]})
     return m
 
 
@@ -171,12 +160,10 @@ def jpeg_source(ctx: Ctx) -> tuple[str, str]:
         shutil.rmtree(root, ignore_errors=True)
         log(f"making {a.jpeg_classes * a.jpeg_per_class} JPEGs of side {a.jpeg_side} in {root}")
         t = time.perf_counter()
-        from shardfs.sample import make_imagefolder
-
         make_imagefolder(root, classes=a.jpeg_classes, per_class=a.jpeg_per_class, side=a.jpeg_side)
         bs._save_json(marker, {"seconds": round(time.perf_counter() - t, 1), "when": time.strftime("%F %T")})
     why = f"{a.jpeg_src} absent; " if a.jpeg_src else ""
-    return root, f"{why}made with shardfs.sample.make_imagefolder (classes={a.jpeg_classes}, " \
+    return root, f"{why}made with benchlib.sample.make_imagefolder (classes={a.jpeg_classes}, " \
                  f"per_class={a.jpeg_per_class}, side={a.jpeg_side})"
 
 
@@ -239,11 +226,13 @@ def pack_once(ctx: Ctx, how: str, src: str, out: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     os.sync()
-    dist = bs.Disturbance()
+    others = machine.Others()
     if how == "tar -cf":
         path = os.path.join(out, "all.tar")
         t = time.perf_counter()
-        run_cmd(["tar", "--sort=name", "-cf", path, "-C", src, "."])
+        done = run(["tar", "--sort=name", "-cf", path, "-C", src, "."])
+        if done.returncode != 0:
+            raise RuntimeError(f"tar -cf failed: {done.stderr}")
         fd = os.open(path, os.O_RDONLY)  # pack fsyncs every shard it writes: so does this
         try:
             os.fsync(fd)
@@ -253,14 +242,13 @@ def pack_once(ctx: Ctx, how: str, src: str, out: str) -> dict:
         written, shards, internal = os.path.getsize(path), 1, None
     else:
         fmt = how.split()[1]
-        seconds, done = run_cmd([sys.executable, "-m", "shardfs", "pack", src, out, "--format", fmt,
-                                 "--prefix", "data", "--shard-size", str(a.shard_size),
-                                 "--workers", str(a.pack_workers)])
+        seconds, done = timed_pack(src, out, "--format", fmt, "--prefix", "data", "--shard-size", str(a.shard_size),
+                                   "--workers", str(a.pack_workers))
         m = re.search(r" in ([\d.]+) s", done.stdout)
         internal = float(m.group(1)) if m else None
         written, shards = shard_bytes(out), len(shard_files(out))
     return {"seconds": seconds, "written": written, "shards": shards, "mb_per_s": mbs(written, seconds),
-            "pack_reported_s": internal, "disturbance": dist.done()}
+            "pack_reported_s": internal, "others": others.done()}
 
 
 def pack_bench(ctx: Ctx, label: str, src: str, keep: dict[str, str] | None = None) -> dict:
@@ -312,10 +300,16 @@ def pack_rows(label: str, res: dict, workers: int) -> list[tuple[str, str, str]]
 # Part 2: reads through a mount
 # ---------------------------------------------------------------------------------------------
 
-def read_all(root: str, rels: list[str], expected: int, readers: int, seed: int) -> dict:
-    """Every file of ``rels`` read once in a random order by ``readers`` processes."""
+def read_all(root: str, rels: list[str], expected: int, nreaders: int, seed: int) -> dict:
+    """Every file of ``rels`` read once in a random order by ``nreaders`` processes with open(), as np.load reads."""
     order = np.random.default_rng(seed).permutation(len(rels))
-    return bs.read_paths(root, [rels[int(k)] for k in order], expected, readers)
+    others = machine.Others()
+    res = readers.read_all([os.path.join(root, rels[int(k)]) for k in order], nreaders, "open")
+    res["bytes_ok"], res["others"] = res["bytes"] == expected, others.done()
+    if res["errors"] or not res["bytes_ok"]:
+        log(f"  WARNING: {res['errors']} errors, {res['bytes']} bytes read, {expected} expected; "
+            f"first error: {res['first_error']}")
+    return res
 
 
 def check_npy(mnt: str, src: str, rels: list[str], side: int, sample: int, seed: int) -> dict:
@@ -368,15 +362,15 @@ def read_bench(ctx: Ctx, src: str, rels: list[str], shard_dirs: dict[str, str]) 
                 continue
             idx = os.path.join(ctx.work, "index-dir", f"npy-{kind}")
             os.makedirs(idx, exist_ok=True)
-            m = ctx.mounts.mount(shard_dirs[kind], ctx.mnt, f"npy-{kind}-{r}", idx)
+            m = ctx.mount(shard_dirs[kind], f"npy-{kind}-{r}", idx)
             pid = m["pid"]
             try:
                 if m["stats"]["files"] != len(rels):
                     log(f"  WARNING: the {kind} mount shows {m['stats']['files']} files, expected {len(rels)}")
                 for temp, s in (("cold", seed), ("warm", seed + 1)):
-                    before, cpu0 = bs.mount_stats(ctx.mnt), bs.proc_status(pid)["cpu_s"]
+                    before, cpu0 = mount_stats(ctx.mnt), machine.proc_status(pid)["cpu_s"]
                     x = read_all(ctx.mnt, rels, expected, a.readers, s)
-                    after, proc = bs.mount_stats(ctx.mnt), bs.proc_status(pid)
+                    after, proc = mount_stats(ctx.mnt), machine.proc_status(pid)
                     x.update({"page_cache_dropped": dropped if temp == "cold" else None,
                               "daemon_cpu_s": proc["cpu_s"] - cpu0, "daemon_rss": proc["VmRSS"],
                               "storage_bytes": after["cache"]["storage_bytes_read"]
@@ -394,7 +388,7 @@ def read_bench(ctx: Ctx, src: str, rels: list[str], shard_dirs: dict[str, str]) 
                         f"{c['bad_load']} bad; "
                         f"sample of {c['sample']}: {c['bad_sha256']} sha256 and {c['bad_array']} arrays differ")
             finally:
-                ctx.mounts.unmount(ctx.mnt)
+                ctx.unmount(m)
     res["expected_bytes"] = expected
     return res
 
@@ -421,7 +415,7 @@ def read_rows(ctx: Ctx, res: dict, sizes: dict[str, int], src_bytes: int) -> lis
                          f"FUSE reads {fig(kind, temp, 'fuse_reads'):.0f}")
             note += spread([x["files_per_s"] for x in runs], "{:.0f}") + bs.disturbed(runs)
             name = "plain source dir" if kind == "plain" else f"{kind} mount"
-            rows.append((f"npy: random read {temp}, {name}, files/s / MB/s ({a.readers} readers)",
+            rows.append((f"npy: random open() read {temp}, {name}, files/s / MB/s ({a.readers} readers)",
                          f"{fig(kind, temp, 'files_per_s'):,.0f} / {fig(kind, temp, 'mb_per_s'):.0f}", note))
         rows.append((f"npy: {temp} ratios lz4 / tar, tar / plain, lz4 / plain (files/s)",
                      f"{fig('lz4', temp, 'files_per_s') / fig('tar', temp, 'files_per_s'):.2f} / "
@@ -472,7 +466,7 @@ def scale_lz4(ctx: Ctx, ds: dict) -> dict:
     out = os.path.join(ctx.work, "scale-lz4", os.path.basename(ds["dir"].rstrip("/")))
     marker = out + ".done.json"
     params = {"version": SCALE_PACK_VERSION, "source": os.path.abspath(ds["plain"]), "source_when": ds["when"],
-              "files": ds["files"], "shard_members": a.scale_shard_members, "shardfs": shardfs.__version__}
+              "files": ds["files"], "shard_members": a.scale_shard_members, "shardfs": shardfs_pkg.__version__}
     done = bs._load_json(marker)
     if done and done.get("params") == params and shard_files(out):
         return {**done, "dir": out, "reused": True}
@@ -480,10 +474,10 @@ def scale_lz4(ctx: Ctx, ds: dict) -> dict:
     if os.path.exists(marker):
         os.unlink(marker)
     workers = os.cpu_count() or 1
-    cmd = [sys.executable, "-m", "shardfs", "pack", ds["plain"], out, "--format", "lz4", "--prefix", "train",
-           "--shard-members", str(a.scale_shard_members), "--workers", str(workers)]
-    log(f"packing {ds['files']:,} files once: {shlex.join(cmd)}")
-    seconds, result = run_cmd(cmd, timeout=6 * 3600)
+    cmd = [ds["plain"], out, "--format", "lz4", "--prefix", "train", "--shard-members", str(a.scale_shard_members),
+           "--workers", str(workers)]
+    log(f"packing {ds['files']:,} files once: shardfs pack {shlex.join(cmd)}")
+    seconds, result = timed_pack(*cmd, timeout=6 * 3600)
     log(f"  {result.stdout.strip().splitlines()[0] if result.stdout.strip() else ''} ({seconds:.1f} s wall)")
     done = {"params": params, "seconds": round(seconds, 1), "workers": workers, "when": time.strftime("%F %T"),
             "summary": result.stdout.strip()}
@@ -499,8 +493,8 @@ def mount_bench(ctx: Ctx, ds: dict, shard_dirs: dict[str, str]) -> dict:
     tiny_idx = os.path.join(ctx.work, "index-dir", "tiny")
     os.makedirs(tiny_idx, exist_ok=True)
     for r in range(a.repeat):
-        m = ctx.mounts.mount(os.path.join(ctx.work, "tiny", "shards"), ctx.mnt, f"tiny-{r}", tiny_idx)
-        ctx.mounts.unmount(ctx.mnt)
+        m = ctx.mount(os.path.join(ctx.work, "tiny", "shards"), f"tiny-{r}", tiny_idx)
+        ctx.unmount(m)
         res["tiny"].append(m["proc"])
     log(f"  tiny dataset (100 members): daemon RSS {bs.mb(med([x['VmRSS'] for x in res['tiny']]))} MB")
     for kind in ("tar", "lz4"):
@@ -511,15 +505,15 @@ def mount_bench(ctx: Ctx, ds: dict, shard_dirs: dict[str, str]) -> dict:
             for r in range(a.repeat):
                 removed = remove_indexes(shard_dirs[kind], idx) if phase == "first" else 0
                 dropped = ctx.drop()
-                dist = bs.Disturbance()
-                m = ctx.mounts.mount(shard_dirs[kind], ctx.mnt, f"scale-{kind}-{phase}-{r}", idx)
-                m["disturbance"], m["page_cache_dropped"], m["indexes_removed"] = dist.done(), dropped, removed
+                others = machine.Others()
+                m = ctx.mount(shard_dirs[kind], f"scale-{kind}-{phase}-{r}", idx)
+                m["others"], m["page_cache_dropped"], m["indexes_removed"] = others.done(), dropped, removed
                 try:
                     st = m["stats"]
                     if st["files"] != ds["files"]:
                         log(f"  WARNING: the {kind} mount shows {st['files']} files, expected {ds['files']}")
                 finally:
-                    m["unmount_s"] = ctx.mounts.unmount(ctx.mnt)
+                    m["unmount_s"] = ctx.unmount(m)
                 runs.append(m)
                 log(f"  {kind} {phase} {r + 1}/{a.repeat}: {m['seconds']:.2f} s (daemon index "
                     f"{st['index_seconds']:.2f} s, {st['indexes_built']} built, {removed} removed), "
@@ -558,7 +552,7 @@ def mount_rows(ds: dict, res: dict, sizes: dict[str, int], nshards: dict[str, in
 # ---------------------------------------------------------------------------------------------
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="/tmp/shardfs-bench-formats", help="datasets, outputs, mountpoint, logs")
     p.add_argument("--repeat", type=int, default=3, help="runs of every timed figure (the median is shown)")
@@ -590,81 +584,77 @@ def main() -> int:
     a = p.parse_args()
     if min(a.repeat, a.readers, a.pack_workers, a.npy_files, a.npy_side, a.members, a.scale_shard_members) < 1:
         p.error("counts must be positive")
-    bs._Signals.install()  # SIGTERM / Ctrl-C end the run through `finally`, which unmounts
+    return a
 
+
+def run_parts(ctx: Ctx, R: dict, rows: list) -> None:
+    """Parts 1a, 1b + 2 and 3 in turn; R and rows grow (and --json is rewritten) after each."""
+    a, work = ctx.args, ctx.work
+    if not a.skip_jpeg:
+        src, desc = jpeg_source(ctx)
+        log(f"part 1a: pack throughput, JPEGs: {desc}")
+        R["pack_jpeg"] = res = pack_bench(ctx, "JPEG", src)
+        res["desc"] = desc
+        rows.append(("JPEG source", f"{res['files']:,} files, {res['source_bytes'] / 1e6:,.0f} MB", desc))
+        rows += pack_rows("JPEG", res, a.pack_workers)
+        save_json(a.json, R)
+
+    src, rels, desc = npy_source(ctx)
+    npy_dirs = {"tar": os.path.join(work, "npy-shards", "tar"), "lz4": os.path.join(work, "npy-shards", "lz4")}
+    log(f"part 1b: pack throughput, .npy: {desc}")
+    R["pack_npy"] = res = pack_bench(ctx, "npy", src, keep={"pack tar": npy_dirs["tar"], "pack lz4": npy_dirs["lz4"]})
+    rows.append(("npy source", f"{res['files']:,} files, {res['source_bytes'] / 1e6:,.0f} MB", desc))
+    rows += pack_rows("npy", res, a.pack_workers)
+    save_json(a.json, R)
+    log("part 2: reads of the .npy arrays through tar and lz4 mounts")
+    R["reads_npy"] = reads = read_bench(ctx, src, rels, npy_dirs)
+    R["npy_shard_bytes"] = sizes = {k: shard_bytes(d) for k, d in npy_dirs.items()}
+    rows += read_rows(ctx, reads, sizes, res["source_bytes"])
+    save_json(a.json, R)
+
+    if not a.skip_1m:
+        log("part 3: mount time and RSS at 1M members, tar vs lz4")
+        ds = scale_dataset(ctx)
+        log(f"  dataset: {ds['desc']}")
+        packed = scale_lz4(ctx, ds)
+        dirs = {"tar": ds["tar"], "lz4": packed["dir"]}
+        R["scale"] = {"dataset": ds, "lz4_pack": packed}
+        R["scale"]["mounts"] = mres = mount_bench(ctx, ds, dirs)
+        sizes = {k: shard_bytes(d) for k, d in dirs.items()}
+        nshards = {k: len(shard_files(d)) for k, d in dirs.items()}
+        R["scale"]["shard_bytes"], R["scale"]["shards"] = sizes, nshards
+        rows += mount_rows(ds, mres, sizes, nshards, packed, ctx.can_drop)
+        save_json(a.json, R)
+
+
+def main() -> int:
+    a = parse_args()
     work = os.path.abspath(a.workdir)
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     mach = machine_facts(work)
     cmdline = shlex.join([sys.executable] + sys.argv)
-    print(f"# shardfs formats benchmark: tar vs lz4\n\ncommand: {cmdline}\nmachine: "
-          + ", ".join(f"{k}={v}" for k, v in mach.items()) + f"\nworkdir: {work}\n", flush=True)
-    can_drop = False
-    if not a.no_drop_caches:
-        can_drop = bs.drop_caches()
+    print(f"# shardfs formats benchmark: tar vs lz4\n\ncommand: {cmdline}\nmachine: {machine.describe(mach)}\n"
+          f"workdir: {work}\n", flush=True)
+    can_drop = not a.no_drop_caches and drop_caches()
     log(f"page cache drop: {'yes' if can_drop else 'NO (--no-drop-caches, or not root)'}")
-    mounts = bs.Mounts(os.path.join(work, "logs"), [])
-    ctx = Ctx(a, work, mounts, can_drop)
     R: dict = {"machine": mach, "command": cmdline, "params": vars(a), "page_cache_dropped": can_drop}
     rows: list[tuple[str, str, str]] = []
     t_start = time.perf_counter()
-    try:
-        # ---- part 1a: pack throughput on JPEGs -----------------------------------------------
-        if not a.skip_jpeg:
-            src, desc = jpeg_source(ctx)
-            log(f"part 1a: pack throughput, JPEGs: {desc}")
-            R["pack_jpeg"] = res = pack_bench(ctx, "JPEG", src)
-            res["desc"] = desc
-            rows.append(("JPEG source", f"{res['files']:,} files, {res['source_bytes'] / 1e6:,.0f} MB", desc))
-            rows += pack_rows("JPEG", res, a.pack_workers)
-            save_json(a.json, R)
-
-        # ---- part 1b + 2: .npy arrays: pack, size, reads ------------------------------------
-        src, rels, desc = npy_source(ctx)
-        npy_dirs = {"tar": os.path.join(work, "npy-shards", "tar"), "lz4": os.path.join(work, "npy-shards", "lz4")}
-        log(f"part 1b: pack throughput, .npy: {desc}")
-        R["pack_npy"] = res = pack_bench(ctx, "npy", src, keep={"pack tar": npy_dirs["tar"],
-                                                                 "pack lz4": npy_dirs["lz4"]})
-        rows.append(("npy source", f"{res['files']:,} files, {res['source_bytes'] / 1e6:,.0f} MB", desc))
-        rows += pack_rows("npy", res, a.pack_workers)
-        save_json(a.json, R)
-        log("part 2: reads of the .npy arrays through tar and lz4 mounts")
-        R["reads_npy"] = reads = read_bench(ctx, src, rels, npy_dirs)
-        sizes = {k: shard_bytes(d) for k, d in npy_dirs.items()}
-        R["npy_shard_bytes"] = sizes
-        rows += read_rows(ctx, reads, sizes, res["source_bytes"])
-        save_json(a.json, R)
-
-        # ---- part 3: mount time at 1M members ------------------------------------------------
-        if not a.skip_1m:
-            log("part 3: mount time and RSS at 1M members, tar vs lz4")
-            ds = scale_dataset(ctx)
-            log(f"  dataset: {ds['desc']}")
-            packed = scale_lz4(ctx, ds)
-            dirs = {"tar": ds["tar"], "lz4": packed["dir"]}
-            R["scale"] = {"dataset": ds, "lz4_pack": packed}
-            R["scale"]["mounts"] = mres = mount_bench(ctx, ds, dirs)
-            sizes = {k: shard_bytes(d) for k, d in dirs.items()}
-            nshards = {k: len(shard_files(d)) for k, d in dirs.items()}
-            R["scale"]["shard_bytes"], R["scale"]["shards"] = sizes, nshards
-            rows += mount_rows(ds, mres, sizes, nshards, packed, can_drop)
-            save_json(a.json, R)
-    finally:
-        mounts.close()
-        if os.path.ismount(ctx.mnt) or bs._stale(ctx.mnt):  # belt and braces
-            subprocess.run(["fusermount3", "-u", "-z", ctx.mnt], capture_output=True)
-        R["table"] = rows
-        R["total_s"] = time.perf_counter() - t_start
-        save_json(a.json, R)
-        if rows:
-            print(f"\n## Results\n\ncommand: `{cmdline}`  \nmachine: nproc={mach['nproc']}, RAM={mach['ram_gb']} GB, "
-                  f"{mach['cpu']}, kernel {mach['kernel']}, Python {mach['python']}, {mach['lz4']}, "
-                  f"workdir on {mach['workdir_fs']}  \n"
-                  f"timed figures are medians of {a.repeat} runs; MB = 10^6 bytes; page cache "
-                  + ("dropped before cold figures and mount timings" if can_drop else "NEVER dropped (cold = not cold)")
-                  + f"; total {R['total_s'] / 60:.1f} min\n")
-            bs.print_rows(rows)
+    with Mounts() as mounts:
+        try:
+            run_parts(Ctx(a, work, mounts, can_drop), R, rows)
+        except KeyboardInterrupt:
+            print("interrupted (mounts are unmounted): reporting what was measured", file=sys.stderr)
+    R["table"], R["total_s"] = rows, time.perf_counter() - t_start
+    save_json(a.json, R)
+    if rows:
+        print(f"\n## Results\n\ncommand: `{cmdline}`  \nmachine: {machine.describe(mach)}  \n"
+              f"timed figures are medians of {a.repeat} runs; MB = 10^6 bytes; page cache "
+              + ("dropped before cold figures and mount timings" if can_drop else "NEVER dropped (cold = not cold)")
+              + f"; total {R['total_s'] / 60:.1f} min\n")
+        tables.print_rows(rows)
     return 0
 
 
 if __name__ == "__main__":
-    bs.run_main(main)
+    sys.exit(main())

@@ -20,7 +20,6 @@ import argparse
 import io
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, REPO)
-
-from remote_servers import ACCESS_KEY, NGINX_CONF, SECRET_KEY, _stop, _wait_for_port, free_port  # noqa: E402
+from benchlib.cli import shardfs
+from benchlib.mounts import stop_child
+from benchlib.servers import ACCESS_KEY, SECRET_KEY, start_moto, start_nginx
 
 MEMBER = 100_000
 
@@ -55,13 +52,6 @@ def make_shards(out: str, shards: int, shard_mb: int) -> int:
     return total
 
 
-def shardfs(*args, env=None) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args[:2])} failed:\n{done.stderr}")
-    return done
-
-
 def drop_page_cache(folder: str) -> None:
     for name in os.listdir(folder):
         fd = os.open(os.path.join(folder, name), os.O_RDONLY)
@@ -81,14 +71,14 @@ def read_all(root: str) -> int:
 
 
 def one_run(source: str, options: list[str], mnt: str, env: dict, log: str, expect: int) -> tuple[float, dict]:
-    shardfs("mount", source, mnt, "--cache-size", "4G", "--log-file", log, *options, env=env)
+    shardfs("mount", source, mnt, "--cache-size", "4G", "--log-file", log, *options, env=env, check=True)
     try:
         started = time.perf_counter()
         got = read_all(mnt)
         seconds = time.perf_counter() - started
-        stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
+        stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
     finally:
-        shardfs("umount", mnt, env=env)
+        shardfs("umount", mnt, env=env, check=True)
     if got != expect:
         raise RuntimeError(f"{source}: read {got} bytes, expected {expect}")
     return seconds, stats
@@ -117,33 +107,21 @@ def main() -> int:
 
     procs: list[subprocess.Popen] = []
     try:
-        moto_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for_port(moto_port, procs[-1], "moto server")
-        endpoint = f"http://127.0.0.1:{moto_port}"
+        proc, endpoint = start_moto(subprocess.DEVNULL)
+        procs.append(proc)
         s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY,
                           aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
         s3.create_bucket(Bucket="bench")
         for name in sorted(os.listdir(shards_dir)):
             s3.upload_file(os.path.join(shards_dir, name), "bench", f"ds/{name}")
-
-        prefix = os.path.join(work, "nginx")
-        os.makedirs(os.path.join(prefix, "tmp"), exist_ok=True)
-        http_port = free_port()
-        with open(os.path.join(prefix, "nginx.conf"), "w") as f:
-            f.write(NGINX_CONF.format(prefix=prefix, root=shards_dir, port=http_port, extra="",
-                                      user="user root;" if os.getuid() == 0 else ""))
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        procs.append(subprocess.Popen([nginx, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"),
-                                       "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for_port(http_port, procs[-1], "nginx")
+        proc, http = start_nginx(os.path.join(work, "nginx"), shards_dir)
+        procs.append(proc)
 
         last = f"{args.shards - 1:06d}"
         sources = [
             ("local disk", shards_dir, []),
             ("S3 (moto)", "s3://bench/ds/", ["--option", f"endpoint_url={endpoint}"]),
-            ("HTTP (nginx)", f"http://127.0.0.1:{http_port}/train-{{000000..{last}}}.tar", []),
+            ("HTTP (nginx)", f"{http}/train-{{000000..{last}}}.tar", []),
         ]
         rows = []
         for label, source, options in sources:
@@ -160,7 +138,7 @@ def main() -> int:
             print(f"  {label}: {', '.join(f'{t:.2f} s' for t in times)}", flush=True)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_child(proc)
 
     base = rows[0][1]
     runs = [" / ".join(f"{r:.0f}" for r in rates) for _, _, rates, _ in rows]

@@ -7,19 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+from benchlib import sample
+from benchlib.cli import shardfs
 from torchvision import datasets, transforms
-
-from shardfs import sample
-
-
-def shardfs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shardfs", *args], capture_output=True, text=True)
 
 
 def epoch(root: str, workers: int) -> tuple[int, float]:
@@ -70,7 +65,7 @@ def main() -> int:
             n, first_s = epoch(os.path.join(mnt, "train"), args.workers)
             plain_s = min(plain_s, epoch(src, args.workers)[1])
             mounted_s = min(first_s, epoch(os.path.join(mnt, "train"), args.workers)[1])
-            stats = json.loads(os.getxattr(mnt, "user.shardfs.fuse.stats"))
+            stats = json.loads(os.getxattr(mnt, "user.shardfs.stats"))
         finally:
             umount = shardfs("umount", mnt)
             if umount.returncode != 0:

@@ -5,11 +5,13 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
-if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx; then
+if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
+    || ! command -v bsdtar >/dev/null; then
     apt-get update -qq
     # fuse3/libfuse3-3: the mount; tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
-    apt-get install -y -qq fuse3 libfuse3-3 tar attr squashfuse squashfs-tools nginx >/dev/null
+    # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
+    apt-get install -y -qq fuse3 libfuse3-3 tar attr squashfuse squashfs-tools nginx libarchive-tools >/dev/null
 fi
 
 PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore"
@@ -17,7 +19,7 @@ PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ig
 if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
-$PIP -e ".[test,torch,remote]"
+$PIP -e ".[test,torch,remote,bench]"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
 # reachable there, so fstab entries (type fuse.shardfs or shardfs) work.

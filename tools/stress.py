@@ -27,8 +27,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import shardfs  # noqa: E402
+import shardfs
 
 OVERHEAD = 160 << 20  # threads, the lz4 block cache, allocator slack: what RSS may exceed budget + index by
 
@@ -107,7 +106,7 @@ def run(readers: int, seconds: float, files: int, shards: int, min_size: int, ma
     budget = max(1, int(total * cache_fraction))
     ctx = mp.get_context("spawn")
     with shardfs.mounted(shard_dir, cache_size=str(budget)) as root:
-        figures = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))
+        figures = json.loads(os.getxattr(root, "user.shardfs.stats"))
         pid = figures["pid"]
         rss0, fds0 = sample_daemon(pid)
         sizes = {name: os.path.getsize(os.path.join(root, name)) for name in digests}
@@ -124,7 +123,7 @@ def run(readers: int, seconds: float, files: int, shards: int, min_size: int, ma
         def monitor() -> None:
             while not stop.wait(1.0):
                 rss, fds = sample_daemon(pid)
-                cache = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))["cache"]
+                cache = json.loads(os.getxattr(root, "user.shardfs.stats"))["cache"]
                 samples.append((rss, fds, cache["used_bytes"]))
 
         watcher = threading.Thread(target=monitor, daemon=True)
@@ -144,7 +143,7 @@ def run(readers: int, seconds: float, files: int, shards: int, min_size: int, ma
             p.join()
         stop.set()
         watcher.join()
-        end = json.loads(os.getxattr(root, "user.shardfs.fuse.stats"))
+        end = json.loads(os.getxattr(root, "user.shardfs.stats"))
         rss_end, fds_end = sample_daemon(pid)
     elapsed = time.monotonic() - started
     # Throughput per 10 s window, to show it is stable (the first window includes warm-up).

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 
-STATS_XATTR = "user.shardfs.fuse.stats"
+STATS_XATTR = "user.shardfs.stats"
 
 
 class Stats:

@@ -22,6 +22,7 @@ from shardfs.view import layouts
 from shardfs.storage import remote
 from shardfs.storage.memory import default_budget, parse_size
 from shardfs.storage.disk import DiskTier
+from shardfs.storage.placement import filesystem_type, is_local_disk
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
@@ -75,6 +76,9 @@ def _disk_tier(opts: MountConfig, loaders: int) -> DiskTier | None:
     except OSError as exc:  # a mount without its tier still serves every byte
         log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
         return None
+    if not is_local_disk(tier.dir):
+        log.warning("disk tier %s is on %s, not on a local disk filesystem: it may gain nothing", tier.dir,
+                    filesystem_type(tier.dir))
     snap = tier.snapshot()
     log.info("disk tier %s: bound %.1f GiB, %d shards (%.1f GiB) there already", where, tier.bound / 2**30,
              snap["shards"], snap["held_bytes"] / 2**30)

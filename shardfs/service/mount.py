@@ -129,17 +129,6 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """End a child process we started: SIGTERM, then SIGKILL after ``grace`` seconds; reaped."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def force_unmount(mountpoint: str) -> None:
     """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises."""
     try:

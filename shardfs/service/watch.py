@@ -65,7 +65,15 @@ def view(mountpoint: str, now: dict, before: dict | None, seconds: float) -> str
         f"requests  {_per_s(req_rate)} now ({_per_s(read_rate, unit=' reads/s')}), {_requests(now)} in total",
         f"served    {_per_s(served_rate, 1e6, ' MB/s')} now, {now.get('bytes_served', 0) / 1e6:.1f} MB in total; "
         f"{now.get('read_errors', 0)} read errors, {now.get('shards_broken', 0)} broken shards",
+        *([_disk_line(now["disk"])] if "disk" in now else []),
     ])
+
+
+def _disk_line(disk: dict) -> str:
+    held, bound = disk.get("held_bytes", 0), disk.get("bound_bytes", 0)
+    return (f"disk tier {held / 2**30:.2f} / {bound / 2**30:.2f} GiB ({_share(held, bound)}); {disk.get('shards', 0)} "
+            f"shards, {disk.get('hits', 0)} hits, {disk.get('bytes_read', 0) / 1e6:.1f} MB read, "
+            f"{disk.get('bytes_written', 0) / 1e6:.1f} MB written" + (f"; off: {disk['disabled']}" if disk.get("disabled") else ""))
 
 
 def watch(mountpoint: str, interval: float = 1.0, count: int | None = None) -> int:

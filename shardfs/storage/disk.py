@@ -26,16 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.memory import parse_size
-from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, identity, logical_size,
+from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, fits, identity, logical_size,
                                       prepare_dir, remove_if_unused)
 
 log = logging.getLogger(__name__)
 
 MISSING, CLAIMED, VALID = 0, 1, 2  # a chunk, as this daemon knows it
-THROUGH = 3  # _claim's answer: read it from storage without caching (another daemon is stuck)
 FILL_RUN = 8  # chunks per storage request of a background fill (8 MiB)
 POLL_S = 0.02  # how often a daemon waiting for another's chunk looks again
-WAIT_LIMIT_S = 120.0  # then it reads the chunk itself
+STALL_S = 5.0  # a filler whose file did not grow for this long is not filling what we wait for
 DEFAULT_SIZE = "80%"
 
 
@@ -50,17 +49,18 @@ class Entry:
     """A shard with a file in the tier, as this daemon uses it."""
 
     def __init__(self, file: TierFile, filler: bool):
+        # filler: we fetch its missing chunks (else another daemon does, and we wait for them)
         self.file, self.filler = file, filler
-        self.crcs = file.records()
-        self.state = bytearray(VALID if r is not None else MISSING for r in self.crcs)
+        # Checksums stay in the file (read with the chunk): memory is one byte per MiB of shard.
+        self.state = bytearray(VALID if r is not None else MISSING for r in file.records())
         self.cond = threading.Condition()
         self.fill_queued = False
 
 
 class DiskTier:
     def __init__(self, directory: str, size: str | None = None, loaders: int = 2):
-        prepare_dir(directory)
-        self.dir = directory
+        self.dir = os.path.abspath(directory)  # libfuse moves the daemon to / once mounted
+        prepare_dir(self.dir)
         self.bound = bound_of(directory, size or DEFAULT_SIZE)
         self.held = sum(logical_size(e) for e in cache_files(directory))
         self.entries: dict[Shard, Entry | None] = {}  # None: not cached on disk (see _open)
@@ -86,14 +86,10 @@ class DiskTier:
             if got == VALID and self._from_disk(entry, chunk, into=buf) is not None:
                 self._fetch_run(shard, entry, run, buf)
                 run = []
-            elif got == THROUGH:
-                self._fetch_run(shard, entry, run, buf)
-                run = []
-                start = chunk * CHUNK
-                self._storage(shard.read_into, buf, start, min(CHUNK, shard.size - start))
             else:
                 run.append(chunk)
         self._fetch_run(shard, entry, run, buf)
+        entry.file.forget(offset, length)  # the bytes live in RAM now: not also in the page cache
 
     def pread(self, shard: Shard, offset: int, length: int) -> bytes:
         """Shard.pread through the tier. The chunks the request touches are read whole (and
@@ -115,9 +111,6 @@ class DiskTier:
                 if piece is not None:
                     pieces.append(piece)
                     continue
-            elif got == THROUGH:
-                pieces.append(self._storage(shard.pread, lo, hi - lo))
-                continue
             data = self._fetch_chunks(shard, entry, chunk, 1)
             pieces.append(memoryview(data)[lo - start : hi - start])
         return b"".join(pieces)
@@ -133,36 +126,43 @@ class DiskTier:
     # ---- chunks --------------------------------------------------------------------------
 
     def _claim(self, entry: Entry, chunk: int) -> int:
-        """VALID (on disk: read it), CLAIMED (ours to fetch and store), or THROUGH."""
-        with entry.cond:
-            while True:
+        """VALID (on disk: read it) or CLAIMED (ours to fetch from storage and store)."""
+        while True:
+            with entry.cond:
+                while entry.state[chunk] == CLAIMED:
+                    entry.cond.wait()  # another thread of ours is fetching it
                 if entry.state[chunk] == VALID:
                     return VALID
-                if entry.state[chunk] == MISSING and entry.filler:
+                if entry.filler or self.disabled:
                     entry.state[chunk] = CLAIMED
                     return CLAIMED
-                if entry.state[chunk] == MISSING:
-                    break
-                entry.cond.wait()  # another thread of ours is fetching it
-        # Another daemon fills this shard: wait for its chunk, or take over when it stops.
-        deadline = time.monotonic() + WAIT_LIMIT_S
-        while time.monotonic() < deadline and not self.disabled:
+            self._wait_for_filler(entry, chunk)
+
+    def _wait_for_filler(self, entry: Entry, chunk: int) -> None:
+        """Another daemon fills this shard: wait until the chunk is there, or until we fill it
+        ourselves: when that daemon went away (we get its lock), or when the file has not grown
+        for STALL_S (it fills nothing we need: then both may write a chunk, the same bytes)."""
+        progress, stalled_at = None, time.monotonic() + STALL_S
+        while time.monotonic() < stalled_at:
             try:
-                crcs = entry.file.record(chunk)
+                there = entry.file.record(chunk) is not None
+                st = os.fstat(entry.file.fd)
             except OSError as exc:
                 self._disable(exc)
-                break
-            if crcs is not None:
+                return
+            if there:
                 with entry.cond:
-                    entry.crcs[chunk] = crcs
                     if entry.state[chunk] == MISSING:
                         entry.state[chunk] = VALID
-                return self._claim(entry, chunk)
+                return
             if entry.file.take_fill_lock():
                 entry.filler = True
-                return self._claim(entry, chunk)
+                return
+            if (st.st_mtime_ns, st.st_blocks) != progress:
+                progress, stalled_at = (st.st_mtime_ns, st.st_blocks), time.monotonic() + STALL_S
             time.sleep(POLL_S)
-        return THROUGH
+        log.debug("%s: its filler in the disk tier stalled; filling it here too", entry.file.ident["path"])
+        entry.filler = True
 
     def _from_disk(self, entry: Entry, chunk: int, lo: int | None = None, hi: int | None = None, into=None):
         """The verified bytes lo..hi (or the whole chunk into ``into``), or None: then the chunk
@@ -170,7 +170,8 @@ class DiskTier:
         if lo is None:
             lo, hi = chunk * CHUNK, min(chunk * CHUNK + CHUNK, entry.file.size)
         try:
-            got = entry.file.read_verified(chunk, entry.crcs[chunk], lo, hi, into)
+            crcs = entry.file.record(chunk)
+            got = entry.file.read_verified(chunk, crcs, lo, hi, into) if crcs is not None else None
         except OSError as exc:
             self._disable(exc)
             got = None
@@ -217,14 +218,13 @@ class DiskTier:
                 self._release(entry, [chunk])
                 continue
             try:
-                crcs = entry.file.write_chunk(chunk, piece)
+                entry.file.write_chunk(chunk, piece)
             except OSError as exc:
                 self._disable(exc)
                 self._release(entry, [chunk])
                 continue
             self._count("bytes_written", len(piece))
             with entry.cond:
-                entry.crcs[chunk] = crcs
                 entry.state[chunk] = VALID
                 entry.cond.notify_all()
 
@@ -237,11 +237,19 @@ class DiskTier:
     # ---- background fill ---------------------------------------------------------------------
 
     def _queue_fill(self, shard: Shard, entry: Entry) -> None:
-        if entry.filler and not entry.fill_queued and MISSING in entry.state:
+        if entry.filler and not entry.fill_queued and not self._closed and MISSING in entry.state:
             entry.fill_queued = True
             self._fills.submit(self._fill, shard, entry)
 
     def _fill(self, shard: Shard, entry: Entry) -> None:
+        try:
+            self._fill_missing(shard, entry)
+        except Exception:  # a loader must survive anything one shard does
+            log.exception("filling %s into the disk tier failed", shard.path)
+        finally:
+            entry.fill_queued = False
+
+    def _fill_missing(self, shard: Shard, entry: Entry) -> None:
         """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
         cursor = 0
         while not (self._closed or self.disabled or shard.broken):
@@ -258,7 +266,7 @@ class DiskTier:
                 self._fetch_chunks(shard, entry, first, count)
             except ShardIOError:
                 continue  # left to the readers that need it
-        entry.fill_queued = False
+            entry.file.forget(first * CHUNK, count * CHUNK)  # for later epochs, not for now
 
     # ---- admission and eviction ---------------------------------------------------------------
 
@@ -276,6 +284,10 @@ class DiskTier:
         with self._lock:
             if shard in self.entries:
                 return self.entries[shard]
+            if not fits(identity(shard)):
+                log.info("%s: path too long for the disk tier; not cached", shard.path)
+                self.entries[shard] = None
+                return None
             if not os.path.exists(os.path.join(self.dir, file_name(shard.path))):
                 if self.refused.get(shard) == self._counts["shards_evicted"]:
                     return None  # did not fit, and nothing left since
@@ -294,7 +306,7 @@ class DiskTier:
                 self._disable(exc)
                 return None
             if file is None:
-                log.info("%s: another daemon reads an older version of it from the disk tier; not cached",
+                log.info("%s: the disk tier holds another version of it, still in use by a mount; not cached",
                          shard.path)
                 entry = None
             self.entries[shard] = entry

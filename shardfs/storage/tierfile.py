@@ -25,6 +25,7 @@ header, and two daemons creating the same shard's file at once end up sharing on
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -71,6 +72,15 @@ def checksums(data) -> tuple[int, ...]:
     return tuple(crcs + [0] * (BLOCKS - len(crcs)))
 
 
+def header_of(ident: dict) -> bytes:
+    return MAGIC + json.dumps(ident).encode() + b"\n"
+
+
+def fits(ident: dict) -> bool:
+    """Whether a shard's identity fits a header (a path or URL of up to ~4,000 characters)."""
+    return len(header_of(ident)) <= HEADER
+
+
 def read_header(fd: int) -> dict | None:
     raw = os.pread(fd, HEADER, 0)
     if not raw.startswith(MAGIC):
@@ -89,6 +99,9 @@ class TierFile:
         self.size = ident["size"]
         self.nchunks = -(-self.size // CHUNK)
         self.data_at = -(-(HEADER + self.nchunks * RECORD.size) // PAGE) * PAGE
+        # We read whole checksum blocks or whole chunks: kernel readahead would only read more.
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
     @classmethod
     def open_or_create(cls, directory: str, ident: dict) -> TierFile | None:
@@ -129,11 +142,8 @@ class TierFile:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # before the name exists: nobody can evict it in between
-            header = MAGIC + json.dumps(ident).encode() + b"\n"
-            if len(header) > HEADER:
-                raise OSError(0, "shard path too long for a cache file header")
             made = cls(fd, path, ident)
-            os.pwrite(fd, header, 0)
+            os.pwrite(fd, header_of(ident), 0)
             os.ftruncate(fd, made.data_at + made.size)
             os.link(tmp, path)  # atomic, and never replaces a file another daemon made meanwhile
             return made
@@ -178,13 +188,18 @@ class TierFile:
         fields = RECORD.unpack(raw)
         return fields[1:] if fields[0] == RECORD_MAGIC else None
 
-    def write_chunk(self, chunk: int, data) -> tuple[int, ...]:
+    def write_chunk(self, chunk: int, data) -> None:
         """Data first, then its record (see the module's docstring)."""
         crcs = checksums(data)
         if os.pwrite(self.fd, data, self.data_at + chunk * CHUNK) != len(data):
-            raise OSError(28, "short write (disk full?)")
+            raise OSError(errno.ENOSPC, "short write (disk full?)")
         os.pwrite(self.fd, RECORD.pack(RECORD_MAGIC, *crcs), HEADER + chunk * RECORD.size)
-        return crcs
+
+    def forget(self, offset: int, length: int) -> None:
+        """Bytes of the shard held elsewhere now (RAM) or only for later: drop the kernel's copy
+        (dirty pages are written back first)."""
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, self.data_at + offset, length, os.POSIX_FADV_DONTNEED)
 
     def read_verified(self, chunk: int, crcs: tuple[int, ...], lo: int, hi: int, into=None):
         """Bytes lo..hi of the shard (within ``chunk``) if the blocks holding them match ``crcs``,

@@ -1,6 +1,6 @@
 """A small built-in sample: real JPEGs in ImageFolder class folders, and tar shards of them.
 
-Used by the demo, the tests and the benchmark, so all three run on real image data
+Used by the demo, the tests and the benchmarks, so all of them run on real image data
 without downloading anything. Needs Pillow.
 """
 

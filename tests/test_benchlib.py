@@ -1,0 +1,45 @@
+"""benchlib, the library the benchmarks and these tests share: the listing is ImageFolder's, the
+reader pools read every byte, mounts are undone, targets are judged on the right side."""
+
+import os
+
+import pytest
+from benchlib import tables
+from benchlib.mounts import Mounts, process_alive
+from benchlib.readers import imagefolder_files, read_all
+
+from conftest import needs_fuse
+
+
+def test_listing_is_imagefolders(sample_tree):
+    datasets = pytest.importorskip("torchvision.datasets")
+    root = str(sample_tree / "train")
+    assert imagefolder_files(root) == [path for path, _label in datasets.ImageFolder(root).samples]
+
+
+@pytest.mark.parametrize("how", ["open", "os"])
+def test_reader_pool_reads_every_byte(sample_tree, how):
+    paths = imagefolder_files(str(sample_tree / "train"))
+    res = read_all(paths, readers=2, how=how, seed=1)
+    assert (res["files"], res["errors"]) == (len(paths), 0)
+    assert res["bytes"] == sum(os.path.getsize(p) for p in paths)
+
+
+@needs_fuse
+def test_mounts_are_undone_on_the_way_out(tar_shards, tmp_path):
+    mnt = str(tmp_path / "mnt")
+    with Mounts() as mounts:
+        m = mounts.shardfs([str(tar_shards)], mnt, log=str(tmp_path / "mnt.log"))
+        assert os.path.ismount(mnt) and process_alive(m.pid)
+        assert len(imagefolder_files(os.path.join(mnt, "train"))) == 6 * 12
+    assert not os.path.ismount(mnt)
+    assert not process_alive(m.pid)
+
+
+def test_targets_judge_ratios():
+    assert tables.target("t", "m", 95, 100, ">= 0.9")["result"] == "PASS"
+    assert tables.target("t", "m", 85, 100, ">= 0.9")["result"] == "FAIL"
+    assert tables.target("t", "m", 3, 1, "<= 2")["result"] == "FAIL"
+    assert tables.target("t", "m", None, 1, "<= 2")["result"] == "n/a"
+    assert tables.absolute("t", "m", 20, "<= 25", " us")["result"] == "PASS"
+    assert tables.cell([3, 1, 2], "{:.0f}", base=4) == "2 [1-3] 0.50x"

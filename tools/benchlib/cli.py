@@ -1,0 +1,30 @@
+"""The `shardfs` command as a subprocess, running this checkout's code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def shardfs(*args, check: bool = False, timeout: float = 7200, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m shardfs ARGS``; with ``check``, a failure raises RuntimeError with its output.
+
+    The checkout comes first on the child's PYTHONPATH, so a mount runs the code that is measured
+    or tested even where an installed copy points elsewhere. Own session: a Ctrl-C on the terminal
+    reaches us and not a `shardfs mount` half way through, so we can unmount in order."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-m", "shardfs", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, start_new_session=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"shardfs {' '.join(map(str, args))} failed ({done.returncode}):\n"
+                           f"{done.stdout}\n{done.stderr}")
+    return done
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """Any other command, its output captured as text."""
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)

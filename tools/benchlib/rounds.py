@@ -1,0 +1,155 @@
+"""Rounds of passes over every method: fresh mount per round, rotating order, disturbed rounds redone.
+
+A pass is ``(name, fn)``; ``fn(root, round_out)`` does the work and returns its figures (it may
+read what earlier passes of the round left in ``round_out``, e.g. the listing's paths). Around
+each pass a ``Meter`` records what it cost besides time: the daemon's CPU and storage reads, FUSE
+requests, shardfs's own storage counter, and what other processes did meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .caches import cached_bytes, drop_caches
+from .machine import Others, proc_status, wait_quiet
+from .methods import Method
+from .mounts import Mounted, Mounts
+from .readers import read_all, timed_listing
+
+
+class Meter:
+    def __init__(self, m: Mounted | None):
+        self.m = m
+        self.before = self._now()
+        self.others = Others(m.pid if m else None)
+
+    def _now(self) -> dict:
+        if not (self.m and self.m.pid):
+            return {}
+        st = self.m.stats() or {}
+        proc = proc_status(self.m.pid)
+        return {"daemon_cpu_s": proc.get("cpu_s"), "daemon_read_bytes": proc.get("read_bytes"),
+                "cache_storage_bytes": (st.get("cache") or {}).get("storage_bytes_read"),
+                "fuse_ops": st.get("fuse_ops")}
+
+    def done(self) -> dict:
+        now, out = self._now(), self.others.done()
+        for key, v in now.items():
+            b = self.before.get(key)
+            if key == "fuse_ops" and v is not None and b is not None:
+                out[key] = {k: n - b.get(k, 0) for k, n in v.items() if n != b.get(k, 0)}
+            elif v is not None and b is not None:
+                out[key] = v - b
+        return out
+
+
+def listing_pass(root: str, out: dict) -> dict:
+    paths, secs = timed_listing(root)
+    out.setdefault("paths", paths)
+    return {"seconds": secs, "files": len(paths)}
+
+
+def read_pass(how: str, seed: int, drop_first: bool = False):
+    """A random-order read of every listed file by the round's readers (``how``: open or os);
+    ``drop_first``: drop the kernel's caches before it (the daemon's own cache stays)."""
+    def run(root: str, out: dict) -> dict:
+        if drop_first:
+            out["dropped_ok"] = drop_caches()
+        res = read_all(out["paths"], out["readers"], how, seed=seed + out["round"])
+        if res["errors"] or res["files"] != len(out["paths"]):
+            raise RuntimeError(f"{res['errors']} read errors, {res['files']}/{len(out['paths'])} files; "
+                               f"first: {res['first_error']}")
+        return res
+    return run
+
+
+def one_round(method: Method, mounts: Mounts, passes, r: int, readers: int, quiet_wait: float,
+              expect_files: int) -> dict:
+    """Drop the caches, mount fresh (timed), run the passes, unmount."""
+    out: dict = {"round": r, "readers": readers, "quiet_before": wait_quiet(quiet_wait)}
+    out["cold_ok"] = drop_caches()
+    out["cached_after_drop"] = cached_bytes()
+    t0 = time.perf_counter()
+    m = method.mount(mounts)
+    out["mount_s"] = time.perf_counter() - t0
+    try:
+        root = method.root(m)
+        for name, fn in passes:
+            meter = Meter(m)
+            res = fn(root, out)
+            res.update(meter.done())
+            out[name] = res
+            if name.startswith("list") and res["files"] != expect_files:
+                raise RuntimeError(f"the listing found {res['files']} files, expected {expect_files}")
+        if m and m.pid:
+            out["rss_peak"] = proc_status(m.pid).get("VmHWM")
+            out["daemon_stats"] = m.stats()
+    finally:
+        if m:
+            mounts.unmount(m)
+    out.pop("paths", None)
+    return out
+
+
+def disturbed(rnd: dict, max_background: float) -> bool:
+    """Other jobs took much CPU, or dropped the page cache, during one of the round's passes."""
+    return any(isinstance(v, dict) and ((v.get("background_cpu") or 0) > max_background or v.get("foreign_drops"))
+               for k, v in rnd.items() if k != "quiet_before")
+
+
+def run_rounds(methods: dict[str, Method], rounds: int, round_fn, retries: int, max_background: float) -> dict:
+    """``rounds`` rounds of every method (order rotated each round, so nobody always goes first);
+    a round that others disturbed is redone up to ``retries`` times. Ctrl-C ends early with what
+    was measured. Returns {"rounds": {method: [round, ...]}, "discarded": ..., "failed": ...}."""
+    res: dict = {"rounds": {n: [] for n in methods}, "discarded": {}, "failed": {}}
+    live = dict(methods)
+    try:
+        for r in range(rounds):
+            order = list(live)
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                t0, errors, got = time.perf_counter(), [], None
+                for attempt in range(retries + 1):
+                    try:
+                        got = round_fn(live[name], r)
+                    except Exception as exc:  # noqa: BLE001  e.g. another job unmounted ours: try again
+                        errors.append(f"{type(exc).__name__}: {str(exc).strip()[-300:]}")
+                        print(f"round {r + 1}/{rounds} {name}: attempt {attempt + 1} failed: {errors[-1]}", flush=True)
+                        got = None
+                        continue
+                    got["attempt"], got["disturbed"] = attempt, disturbed(got, max_background)
+                    if not got["disturbed"] or attempt == retries:
+                        break
+                    res["discarded"].setdefault(name, []).append(got)
+                    print(f"round {r + 1}/{rounds} {name}: other processes disturbed it; redoing it", flush=True)
+                if got is None:
+                    res["failed"][name] = f"round {r + 1} failed {len(errors)} times: {'; '.join(errors)}"
+                    print(f"{name}: {res['failed'][name]}; dropping it from the run", flush=True)
+                    live.pop(name)
+                    continue
+                res["rounds"][name].append(got)
+                print(f"round {r + 1}/{rounds} {name:<16} " + brief(got) + f" ({time.perf_counter() - t0:.0f} s)",
+                      flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: reporting what was measured", flush=True)
+    return res
+
+
+def rounds_used(rounds: dict[str, list[dict]]) -> tuple[dict, tuple]:
+    """The rounds figures are made of: each method's undisturbed ones, all of them when none is;
+    and a table row saying which (see tables.print_table)."""
+    clean = {n: [r for r in rs if not r["disturbed"]] for n, rs in rounds.items() if rs}
+    used = {n: clean[n] or rounds[n] for n in clean}
+    row = ("rounds the medians use", "{}", {n: [f"{len(clean[n])} clean of {len(rounds[n])}" if clean[n]
+                                                else f"all {len(rounds[n])}, NOISY"] for n in clean}, None)
+    return used, row
+
+
+def brief(rnd: dict) -> str:
+    """One line per round: seconds of timed passes and files/s of read passes."""
+    parts = [f"mount {rnd['mount_s']:.2f} s"]
+    for k, v in rnd.items():
+        if isinstance(v, dict) and "seconds" in v:
+            parts.append(f"{k} {v['files_per_s']:,.0f} f/s" if "files_per_s" in v
+                         else f"{k} {v.get('images_per_s', 0):,.0f} img/s" if "images_per_s" in v
+                         else f"{k} {v['seconds']:.2f} s")
+    return ", ".join(parts)
