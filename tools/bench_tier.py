@@ -9,9 +9,10 @@ the group, so everything that reads (the reader processes, cp, dd, `shardfs moun
 it starts) is capped. The disk tier and the copy "staged by hand" live on the machine's own disk,
 uncapped. A dataset of real JPEGs (~110 KB, ImageNet's mean) is made once and reused (marker.json).
 
-One round, every pass after sync + drop_caches, reading as training code does (a torchvision
-ImageFolder listing, then every file once in a random order by --readers processes with the
-built-in open(path, 'rb').read()); epoch e uses the same order for every method:
+The indexes are built first, uncapped (not measured). One round, every pass after sync +
+drop_caches, reading as training code does (ImageFolder's listing, then every file once in a random
+order by --readers processes with the built-in open(path, 'rb').read(), benchlib.readers); epoch e
+uses the same order for every method:
 
   sequential bound  dd iflag=direct of every shard: bytes/s / (shard bytes per file) = files/s
   plain capped      the plain directory on shared storage, --epochs epochs
@@ -34,37 +35,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing as mp
 import os
-import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [p for p in (REPO, HERE) if p not in sys.path]
-from bench import CpuMeter, _gen_class, drop_caches, fusermount, pid_cpu_s, proc_field, tune_side  # noqa: E402
-from shardfs.storage.memory import parse_size  # noqa: E402
+import bench_dataset
+from benchlib.caches import drop_caches
+from benchlib.cli import REPO, shardfs
+from benchlib import machine
+from benchlib.machine import Others, proc_status
+from benchlib.mounts import Mounts
+from benchlib.readers import read_all, timed_listing
+from benchlib.tables import cell, median
+
+from shardfs.storage.memory import parse_size
 
 MARKER_VERSION = 1
 JPEG_BYTES = 110_000  # ImageNet train mean
 BLKIO = "/sys/fs/cgroup/blkio"
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
     """Run a command; raise with its stderr when it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
     return done
-
-
-def shardfs_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardfs", *args]
 
 
 def write(path: str, text: str) -> None:
@@ -133,26 +132,12 @@ def make_image(path: str, size: int) -> None:
 
 
 def fill_dataset(args, shared: str) -> dict:
-    """JPEGs made in parallel (tools/bench.py's generator), packed with `shardfs pack`."""
-    t0 = time.perf_counter()
-    scratch, train = os.path.join(shared, "scratch"), os.path.join(shared, "src", "train")
-    os.makedirs(scratch)
-    os.makedirs(train)
-    side = tune_side(scratch)[0] if args.side == "auto" else int(args.side)
-    per_class = max(1, args.dataset_size // JPEG_BYTES // args.classes)
-    print(f"dataset: making {per_class * args.classes} JPEGs (side {side}) in {train} ...", flush=True)
-    jobs = [(c, per_class, side, scratch, train) for c in range(args.classes)]
-    with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
-        for _ in pool.imap_unordered(_gen_class, jobs):
-            pass
-    shutil.rmtree(scratch)
-    made_s = time.perf_counter() - t0
-    shards_dir = os.path.join(shared, "shards")
-    run(shardfs_cmd("pack", os.path.join(shared, "src"), shards_dir, "--shuffle", "--prefix", "train",
-                    "--shard-size", str(args.shard_size), "--workers", str(os.cpu_count() or 1)), cwd=REPO)
-    sizes = [os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(train) for n in ns]
-    return {"files": len(sizes), "image_bytes": sum(sizes), "side": side, "make_s": made_s,
-            "pack_s": time.perf_counter() - t0 - made_s}
+    """tools/bench.py's JPEGs and `shardfs pack` shards, made on the shared storage."""
+    args.images = args.dataset_size // JPEG_BYTES
+    jpegs = bench_dataset.make_jpegs(args, shared)
+    shards = bench_dataset.make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
+    return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
+            "make_s": jpegs["seconds"], "pack_s": shards["seconds"], "packer": shards["packer"]}
 
 
 def dataset(args, work: str, stack: contextlib.ExitStack) -> tuple[str, str, dict]:
@@ -195,51 +180,18 @@ def index_bytes(shared: str) -> int:
 # reading as training code reads
 
 
-def _reader(paths: list[str], barrier, results, slot: int) -> None:
-    barrier.wait()
-    files = nbytes = errors = 0
-    for p in paths:
-        try:
-            with open(p, "rb") as f:  # what torchvision's pil_loader does (isatty included)
-                nbytes += len(f.read())
-            files += 1
-        except OSError:
-            errors += 1
-    results[slot * 3: slot * 3 + 3] = [files, nbytes, errors]
-
-
 def epoch(root: str, readers: int, seed: int, expect: int, daemon: int | None = None) -> dict:
-    """drop_caches, ImageFolder listing, every file once in a random order. Also the CPU seconds of
-    the `daemon` pid, and the share of the machine's CPU that processes not ours took (noise)."""
-    from torchvision.datasets import ImageFolder
-
+    """drop_caches, ImageFolder's listing, every file once in a random order with open().read();
+    the `daemon` pid's CPU seconds and the share of the CPU that processes not ours took (noise)."""
     drop_caches()
-    others, daemon_cpu0 = CpuMeter(daemon), pid_cpu_s(daemon)
-    t0 = time.perf_counter()
-    paths = [p for p, _ in ImageFolder(root).samples]
-    list_s = time.perf_counter() - t0
-    random.Random(seed).shuffle(paths)
-    ctx = mp.get_context("fork")
-    barrier, results = ctx.Barrier(readers + 1), ctx.Array("q", 3 * readers, lock=False)
-    procs = [ctx.Process(target=_reader, args=(paths[i::readers], barrier, results, i)) for i in range(readers)]
-    try:
-        for p in procs:
-            p.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for p in procs:
-            p.join()
-        read_s = time.perf_counter() - t0
-    finally:  # interrupted: our readers go before the mounts they read are undone
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join()
-    files, errors = sum(results[0::3]), sum(results[2::3])
-    if files != expect or errors:
-        raise RuntimeError(f"{root}: read {files} of {expect} files, {errors} errors")
-    return {"list_s": list_s, "read_s": read_s, "fps": files / read_s, "others_cpu": others.background(),
-            "daemon_cpu_s": pid_cpu_s(daemon) - daemon_cpu0 if daemon else None}
+    others, cpu0 = Others(daemon), proc_status(daemon).get("cpu_s", 0.0) if daemon else None
+    paths, list_s = timed_listing(root)
+    got = read_all(paths, readers, "open", seed)
+    if got["files"] != expect or got["errors"]:
+        raise RuntimeError(f"{root}: read {got['files']} of {expect} files, {got['errors']} errors "
+                           f"({got['first_error']})")
+    return {"list_s": list_s, "fps": got["files_per_s"], "others_cpu": others.done()["background_cpu"],
+            "daemon_cpu_s": proc_status(daemon).get("cpu_s", 0.0) - cpu0 if daemon else None}
 
 
 def sequential_bound(shards: list[str], files: int) -> dict:
@@ -257,43 +209,12 @@ def sequential_bound(shards: list[str], files: int) -> dict:
 # shardfs mounts
 
 
-class ShardfsMount:
-    def __init__(self, ctx, name: str):
-        self.mnt = os.path.join(ctx.work, "mnt", name)
-        os.makedirs(self.mnt, exist_ok=True)
-        cmd = shardfs_cmd("mount", os.path.join(ctx.shared, "shards"), self.mnt,
-                          "--log-file", os.path.join(ctx.work, f"{name}.log"), *ctx.mount_options)
-        run(cmd, cwd=REPO)
-        self.pid = None
-        ctx.stack.callback(self.unmount)
-        self.pid = self.stats()["pid"]
-        self.rss_at_mount = proc_field(self.pid, "status", "VmRSS")
-
-    def stats(self) -> dict:
-        return json.loads(run(shardfs_cmd("stats", "--json", self.mnt), cwd=REPO).stdout)
-
-    def peak_rss(self) -> int | None:
-        return proc_field(self.pid, "status", "VmHWM")
-
-    def unmount(self) -> None:
-        """fusermount3 -u (lazily when busy); wait for the daemon; SIGTERM only its own pid."""
-        if self.mnt is None:
-            return
-        for _ in range(5):  # a busy mount: give whoever holds it a few seconds
-            if fusermount(self.mnt) or not os.path.ismount(self.mnt):
-                break
-            time.sleep(1)
-        else:
-            held = subprocess.run(["fuser", "-vm", self.mnt], capture_output=True, text=True)
-            print(f"WARNING: {self.mnt} busy, unmounting lazily; held by:\n{held.stdout}{held.stderr}", file=sys.stderr)
-            fusermount(self.mnt, lazy=True)
-        deadline = time.monotonic() + 30
-        while self.pid and os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.pid and os.path.exists(f"/proc/{self.pid}"):
-            print(f"WARNING: shardfs daemon {self.pid} alive 30 s after unmount: SIGTERM", file=sys.stderr)
-            os.kill(self.pid, signal.SIGTERM)
-        self.mnt = None
+def mount_shardfs(ctx, name: str):
+    """`shardfs mount` of the shards (ctx.mount_options); its RSS once mounted (interpreter + index)."""
+    m = ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", name),
+                           *ctx.mount_options, log=os.path.join(ctx.work, f"{name}.log"))
+    m.rss_at_mount = proc_status(m.pid).get("VmRSS")
+    return m
 
 
 def tier_figures(stats: dict) -> dict:
@@ -321,7 +242,7 @@ def one_round(ctx, r: int) -> dict:
     shutil.rmtree(staged, ignore_errors=True)
     drop_caches()
     t0 = time.perf_counter()
-    run(["cp", "-r", train, staged])
+    run(["cp", "-r", train, staged])  # as users stage by hand
     out["stage_s"] = time.perf_counter() - t0
     out["staged"] = [epoch(staged, a.readers, s, files) for s in seeds]
     print(f"  staged: copy {out['stage_s']:.0f} s, " + ", ".join(f"{e['fps']:.0f}" for e in out["staged"])
@@ -330,7 +251,7 @@ def one_round(ctx, r: int) -> dict:
     shutil.rmtree(ctx.disk_cache, ignore_errors=True)  # epoch 1 starts with an empty tier
     drop_caches()
     dev0, t0 = device_read_bytes(ctx.dev), time.perf_counter()
-    m = ShardfsMount(ctx, "shardfs")
+    m = mount_shardfs(ctx, "shardfs")
     out["mount_s"] = time.perf_counter() - t0
     out["in_cgroup"] = ctx.cap.holds(m.pid)
     out["shardfs"], out["shardfs_storage"] = [], []
@@ -339,19 +260,19 @@ def one_round(ctx, r: int) -> dict:
         out["shardfs"].append(epoch(os.path.join(m.mnt, "train"), a.readers, s, files, m.pid))
         out["shardfs_storage"].append(device_read_bytes(ctx.dev) - before)
     out["storage_total"] = device_read_bytes(ctx.dev) - dev0  # the mount's index loads included
-    out["rss_at_mount"], out["rss_peak"] = m.rss_at_mount, m.peak_rss()
-    out["stats"] = m.stats()
-    m.unmount()
+    out["rss_at_mount"], out["rss_peak"] = m.rss_at_mount, proc_status(m.pid).get("VmHWM")
+    out["stats"] = m.stats() or {}
+    ctx.mounts.unmount(m)
     print("  shardfs " + ", ".join(f"{e['fps']:.0f}" for e in out["shardfs"]) + " files/s, storage "
           + ", ".join(f"{b / 1e6:.0f}" for b in out["shardfs_storage"]) + " MB", flush=True)
 
     drop_caches()
     dev0 = device_read_bytes(ctx.dev)
-    m2 = ShardfsMount(ctx, "shardfs-again")
+    m2 = mount_shardfs(ctx, "shardfs-again")
     out["second"] = epoch(os.path.join(m2.mnt, "train"), a.readers, seeds[0], files, m2.pid)
     out["second_storage"] = device_read_bytes(ctx.dev) - dev0
-    out["second_stats"] = m2.stats()
-    m2.unmount()
+    out["second_stats"] = m2.stats() or {}
+    ctx.mounts.unmount(m2)
     print(f"  second mount {out['second']['fps']:.0f} files/s, storage {out['second_storage'] / 1e6:.0f} MB",
           flush=True)
     shutil.rmtree(staged, ignore_errors=True)
@@ -363,12 +284,7 @@ def one_round(ctx, r: int) -> dict:
 
 
 def spread(values, fmt: str = "{:.0f}") -> str:
-    """median, and [min-max] when there are several."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    text = fmt.format(statistics.median(values))
-    return text + (f" [{fmt.format(min(values))}-{fmt.format(max(values))}]" if len(values) > 1 else "")
+    return cell(list(values), fmt)
 
 
 def report(ctx, rounds: list[dict]) -> None:
@@ -434,7 +350,7 @@ def report(ctx, rounds: list[dict]) -> None:
     print(f"{'target (' + label + ')':<58}{'ratio':>22}  result")
     print("-" * 90)
     for name, values, rule, limit in targets:
-        med = statistics.median(values)
+        med = median(values)
         ok = med >= limit if rule == ">=" else med <= limit
         print(f"{name:<58}{spread(values, '{:.2f}'):>22}  {'PASS' if ok else 'FAIL'}")
     if not ctx.has_tier:
@@ -470,7 +386,8 @@ def main() -> int:
     args = parser.parse_args()
     args.shard_size = args.shard_size or min(256 << 20, args.cache_size // 4)
     if args.dataset_size < 4 * args.cache_size:
-        print(f"WARNING: the dataset is under 4x the RAM budget ({args.dataset_size >> 20}M vs {args.cache_size >> 20}M)")
+        print(f"WARNING: the dataset is under 4x the RAM budget ({args.dataset_size >> 20}M, "
+              f"{args.cache_size >> 20}M)")
     if os.geteuid() != 0:
         parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
 
@@ -479,37 +396,38 @@ def main() -> int:
     def on_term(signum, _frame):
         if os.getpid() != main_pid:  # a forked reader: just go
             os._exit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack: unmount, detach, cgroup
+        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack, which undoes everything
 
     signal.signal(signal.SIGTERM, on_term)
     ctx = Ctx()
     ctx.args, ctx.work = args, os.path.abspath(args.workdir)
     os.makedirs(ctx.work, exist_ok=True)
     print(f"command: python3 {' '.join(sys.argv)}")
-    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, shardfs commit "
-          f"{subprocess.run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
+    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
+    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
     with contextlib.ExitStack() as stack:
-        ctx.stack = stack
         ctx.shared, ctx.dev, ctx.marker = dataset(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)
         ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
         ctx.disk_cache = os.path.join(ctx.work, "disk-cache")
         stack.callback(shutil.rmtree, ctx.disk_cache, True)
         stack.callback(shutil.rmtree, os.path.join(ctx.work, "staged"), True)
-        ctx.has_tier = "--disk-cache" in run(shardfs_cmd("mount", "--help"), cwd=REPO).stdout
+        ctx.has_tier = "--disk-cache" in shardfs("mount", "--help").stdout
         ctx.mount_options = ["--cache-size", f"{args.cache_size >> 20}M"]
         if ctx.has_tier:
             ctx.mount_options += ["--disk-cache", ctx.disk_cache,
-                                  "--disk-cache-size", args.disk_cache_size or str(2 * ctx.shard_bytes)]
+                                  "--disk-cache-size", args.disk_cache_size or f"{2 * ctx.shard_bytes >> 20}M"]
         m = ctx.marker
-        print(f"dataset: {m['files']} JPEGs, {m['image_bytes'] / 1e9:.3f} GB, mean {m['image_bytes'] / m['files'] / 1e3:.1f}"
-              f" KB; {len(ctx.shards)} tar shards {ctx.shard_bytes / 1e9:.3f} GB; shared storage {ctx.dev} capped at "
+        print(f"dataset: {m['files']} JPEGs, {m['image_bytes'] / 1e9:.3f} GB, "
+              f"mean {m['image_bytes'] / m['files'] / 1e3:.1f} KB; {len(ctx.shards)} tar shards "
+              f"{ctx.shard_bytes / 1e9:.3f} GB; shared storage {ctx.dev} capped at "
               f"{args.iops} IOPS, {args.bps / 1e6:.0f} MB/s; shardfs mount {' '.join(ctx.mount_options)}"
               + ("" if ctx.has_tier else " (this shardfs has no --disk-cache: RAM tier only)"), flush=True)
         ctx.cap = None
-        stack.callback(lambda: ctx.cap and ctx.cap.close())  # after the mounts below are undone
+        stack.callback(lambda: ctx.cap and ctx.cap.close())
+        ctx.mounts = stack.enter_context(Mounts())  # FUSE mounts undone first, then the cgroup, then the image
         t0 = time.perf_counter()
-        ShardfsMount(ctx, "index").unmount()  # builds missing indexes, uncapped: not what we measure
+        ctx.mounts.unmount(mount_shardfs(ctx, "index"))  # builds missing indexes, uncapped: not measured
         ctx.index_bytes = index_bytes(ctx.shared)
         print(f"indexes ready ({time.perf_counter() - t0:.1f} s, {ctx.index_bytes / 1e6:.1f} MB)", flush=True)
 
