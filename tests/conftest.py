@@ -28,6 +28,15 @@ def force_unmount(path: str, pid: int | None = None) -> None:
     Mounted(path, pid=pid).unmount(wait=10)
 
 
+def drop_page_cache(path) -> None:
+    """Make the next read of ``path`` reach its filesystem (a FUSE daemon) again."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 class Mount:
     def __init__(self, path: str, pid: int, log_file: str, output: str):
         self.path, self.pid, self.log_file, self.output = path, pid, log_file, output

@@ -1,15 +1,18 @@
 """A real FUSE filesystem that serves a directory read-only and fails reads on purpose.
 
-    python faultyfs.py SRC MOUNTPOINT NAME START END
+    python faultyfs.py SRC MOUNTPOINT NAME START END [HANG_WHILE]
 
 Reads of file NAME that overlap bytes [START, END) answer EIO; everything else passes
 through. Storage that fails like a bad disk or a flaky network filesystem, for tests.
+With HANG_WHILE (a file name), those reads instead block for as long as that file exists,
+as on a hung network mount, and pass through once it is removed.
 """
 
 import errno
 import os
 import stat
 import sys
+import time
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 import mfusepy as fuse  # noqa: E402
@@ -18,8 +21,8 @@ import mfusepy as fuse  # noqa: E402
 class FaultyFS(fuse.Operations):
     use_ns = True
 
-    def __init__(self, root: str, name: str, start: int, end: int):
-        self.root, self.name, self.start, self.end = root, name, start, end
+    def __init__(self, root: str, name: str, start: int, end: int, hang_while: str | None = None):
+        self.root, self.name, self.start, self.end, self.hang_while = root, name, start, end, hang_while
 
     def _real(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -38,7 +41,10 @@ class FaultyFS(fuse.Operations):
 
     def read(self, path, size, offset, fh):
         if path.lstrip("/") == self.name and offset < self.end and offset + size > self.start:
-            raise fuse.FuseOSError(errno.EIO)
+            if self.hang_while is None:
+                raise fuse.FuseOSError(errno.EIO)
+            while os.path.exists(self.hang_while):
+                time.sleep(0.05)
         with open(self._real(path), "rb") as f:
             f.seek(offset)
             return f.read(size)
@@ -47,4 +53,5 @@ class FaultyFS(fuse.Operations):
 if __name__ == "__main__":
     src, mnt, name, start, end = sys.argv[1:6]
     assert stat.S_ISDIR(os.stat(src).st_mode)
-    fuse.FUSE(FaultyFS(src, name, int(start), int(end)), mnt, foreground=True, ro=True, direct_io=True)
+    fs = FaultyFS(src, name, int(start), int(end), sys.argv[6] if len(sys.argv) > 6 else None)
+    fuse.FUSE(fs, mnt, foreground=True, ro=True, direct_io=True)

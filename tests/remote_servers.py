@@ -97,15 +97,17 @@ def _nginx(tmp_path, extra: str):
 
 class FaultyProxy:
     """A loopback TCP proxy (threads) that can fail the next connections: answer ``503`` to
-    the first ``fail`` new connections, or cut the next ``cuts`` connections after ``cut_after``
-    bytes of response. ``arm`` also closes live connections, so faults hit new requests."""
+    the first ``fail`` new connections, cut the next ``cuts`` connections after ``cut_after``
+    bytes of response, or (``hang``) take every new connection and never answer, as a store
+    that stopped responding. ``arm`` also closes live connections, so faults hit new requests."""
 
     def __init__(self, target_port: int):
         self.target = ("127.0.0.1", target_port)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.fail = self.cuts = self.cut_after = 0
-        self.failed = self.cut = 0
+        self.hang = False
+        self.failed = self.cut = self.hung = 0
         self._lock = threading.Lock()
         self._live: set[socket.socket] = set()
         self._stop = False
@@ -116,9 +118,9 @@ class FaultyProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def arm(self, fail: int = 0, cuts: int = 0, cut_after: int = 0) -> None:
+    def arm(self, fail: int = 0, cuts: int = 0, cut_after: int = 0, hang: bool = False) -> None:
         with self._lock:
-            self.fail, self.cuts, self.cut_after = fail, cuts, cut_after
+            self.fail, self.cuts, self.cut_after, self.hang = fail, cuts, cut_after, hang
             live, self._live = list(self._live), set()
         for s in live:
             _close(s)
@@ -138,6 +140,19 @@ class FaultyProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            hang = self.hang
+            if hang:
+                self.hung += 1
+                self._live.add(client)
+        if hang:
+            try:  # swallow the request, answer nothing, until arm() closes it
+                while client.recv(65536):
+                    pass
+            except OSError:
+                pass
+            _close(client)
+            return
         with self._lock:
             fail = self.fail > 0
             self.fail -= fail

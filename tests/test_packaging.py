@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, needs_fuse
+from benchlib.cli import REPO
+from conftest import needs_fuse
 from shardfs import __version__
 
 pytestmark = [needs_fuse, pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import build"]).returncode != 0,

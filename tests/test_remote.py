@@ -8,6 +8,7 @@ live mount (an object overwritten, an object deleted).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import force_unmount, needs_fuse, shardfs_cmd
+from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -153,14 +154,68 @@ def test_index_is_kept_in_the_local_cache_and_reused(store, mount, tmp_path):
     assert m3.stats()["indexes_built"] == 1
 
 
-def test_index_uploaded_beside_the_shards_is_used(store, tar_shards, mount, tmp_path):
+def _upload_local_indexes(store, tar_shards):
     shardfs_cmd("index", str(tar_shards), check=True)  # writes train-*.tar.shardfs-idx beside them
     for name in SHARDS:
         store.put(name + ".shardfs-idx", (tar_shards / (name + ".shardfs-idx")).read_bytes())
+
+
+def test_index_uploaded_beside_the_shards_is_used(store, tar_shards, mount, tmp_path):
+    _upload_local_indexes(store, tar_shards)
     m = mount(store.source(), options=store.options())
-    assert m.stats()["indexes_built"] == 0
+    assert m.stats()["indexes_built"] == 0  # checked by their fingerprints, not rebuilt
+    assert "does not describe" not in m.log()
     assert len(index_cache(tmp_path)) == 4  # copied into the local cache for the next mount
     assert _read(os.path.join(m.path, "train/n00000003/n00000003_7.JPEG"))
+    assert shardfs_cmd("umount", m.path).returncode == 0
+    # cached with the objects' ETags: the next mount trusts them without reading a byte
+    again = mount(store.source(), options=store.options(), name="again").stats()
+    assert again["indexes_built"] == 0 and again["remote"]["bytes"] == 0
+
+
+def _repacked(shard) -> bytes:
+    """The shard's members in reverse order, written as it was: the same size, other bytes
+    at every offset (a dataset packed again with another seed)."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(shard) as src, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
+        for info in reversed(src.getmembers()):
+            dst.addfile(info, src.extractfile(info))
+    return out.getvalue()
+
+
+def test_a_stale_index_beside_repacked_shards_is_rebuilt_never_serves_wrong_bytes(store, tar_shards, sample_tree,
+                                                                                   mount, tmp_path):
+    _upload_local_indexes(store, tar_shards)  # indexes of the first packing...
+    repacked = _repacked(tar_shards / SHARDS[1])
+    assert len(repacked) == (tar_shards / SHARDS[1]).stat().st_size
+    store.put(SHARDS[1], repacked)  # ...uploaded with a shard packed again: same name, same size
+    m = mount(store.source(), options=store.options())
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert m.stats()["indexes_built"] == 1  # that shard's; the other three indexes are used
+    log = m.log()
+    assert f"{SHARDS[1]}.shardfs-idx does not describe" in log and "fingerprint differs" in log
+
+
+def test_an_index_without_a_fingerprint_is_rebuilt(store, tar_shards, mount):
+    import io
+
+    import numpy as np
+
+    _upload_local_indexes(store, tar_shards)
+    with np.load(tar_shards / (SHARDS[2] + ".shardfs-idx")) as npz:  # as an older shardfs wrote it
+        arrays = dict(npz)
+    meta = json.loads(arrays["meta"].tobytes())
+    del meta["shard_fingerprint"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    old = io.BytesIO()
+    np.savez(old, **arrays)
+    store.put(SHARDS[2] + ".shardfs-idx", old.getvalue())
+    m = mount(store.source(), options=store.options())
+    assert m.stats()["indexes_built"] == 1
+    assert "no fingerprint to check it by" in m.log()
 
 
 def test_transient_failures_are_retried_and_never_give_wrong_bytes(store, sample_tree, mount, proxy, tmp_path):
@@ -356,4 +411,103 @@ def test_a_store_down_for_longer_than_the_retries_gives_eio_then_recovers(nginx,
     p.arm()  # the store is back: the next read of the same file gets its bytes
     assert _read(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes()
     assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert m.stats()["shards_broken"] == 0
+
+
+def _read_in_background(paths: list[str]) -> tuple[list, dict]:
+    """Read each path in a thread of its own: (the threads, path -> bytes or the OSError)."""
+    import threading
+
+    results: dict = {}
+
+    def read(path):
+        try:
+            results[path] = _read(path)
+        except OSError as exc:
+            results[path] = exc
+
+    threads = [threading.Thread(target=read, args=(p,), daemon=True) for p in paths]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+
+def _wait_for(condition, what: str, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+STORAGE_TIMEOUT = "5"  # SHARDFS_STORAGE_TIMEOUT in the outage tests (30 s by default)
+
+
+def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(
+        store, sample_tree, mount, proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+    p = proxy(store.upstream_port())
+    m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
+    cached = members(tmp_path, SHARDS[0])
+    for rel in cached:
+        assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+    _wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
+    p.arm(hang=True)  # the store takes connections and never answers
+    try:
+        uncached = [os.path.join(m.path, rel) for rel in members(tmp_path, SHARDS[2])[:4]]
+        threads, results = _read_in_background(uncached)
+        # While those wait on the store, cached files, listings and attributes answer.
+        for rel in cached:
+            drop_page_cache(os.path.join(m.path, rel))
+            assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+        assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
+        assert os.stat(uncached[0]).st_size == (sample_tree / members(tmp_path, SHARDS[2])[0]).stat().st_size
+        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        for t in threads:
+            t.join(timeout=120)
+        assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
+        assert p.hung >= 1
+        assert f"no answer within {STORAGE_TIMEOUT} s" in m.log()
+    finally:
+        p.arm()  # the store answers again
+    rel = members(tmp_path, SHARDS[2])[0]
+    _wait_for(lambda: _read_or_none(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes(),
+              "reads did not recover")
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert "answers again" in m.log()
+    stats = m.stats()
+    assert stats["shards_broken"] == 0
+    assert stats["cache"]["shards_cached"] == 4  # what failed in the outage was loaded again after it
+
+
+def _read_or_none(path):
+    try:
+        return _read(path)
+    except OSError:
+        return None
+
+
+def test_a_rescan_during_an_outage_leaves_every_shard_intact(store, sample_tree, mount, proxy, tmp_path,
+                                                             monkeypatch):
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+    p = proxy(store.upstream_port())
+    m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
+    uncached = os.path.join(m.path, members(tmp_path, SHARDS[3])[0])
+    postponed = 0
+    for fault in ({"fail": 1000}, {"hang": True}):  # a store answering 503, then one not answering at all
+        p.arm(**fault)
+        if "hang" in fault:  # a read notices first (after the deadline); the rescan then fails at once
+            with pytest.raises(OSError):
+                _read(uncached)
+        os.kill(m.pid, signal.SIGHUP)
+        postponed += 1
+        _wait_for(lambda: m.log().count("still serving the previous view") >= postponed, "no rescan happened")
+        stats = m.stats()
+        assert stats["shards"] == 4 and stats["shards_broken"] == 0
+        p.arm()
+    # Once a probe finds the store answering again (within seconds), the same files, right bytes.
+    _wait_for(lambda: _read_or_none(uncached) is not None, "reads did not recover")
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    os.kill(m.pid, signal.SIGHUP)  # and a rescan with the store back finds nothing changed
+    _wait_for(lambda: "rescan: " in m.log(), "no rescan happened")
     assert m.stats()["shards_broken"] == 0

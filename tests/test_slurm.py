@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from conftest import REPO, needs_fuse
+from benchlib.cli import REPO
+from conftest import needs_fuse
 from benchlib import sample
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
 
@@ -271,3 +272,40 @@ def test_small_mem_job_keeps_the_cache_under_the_limit(cluster, big_shards):
     assert os.listdir(os.path.join(cluster.top, "home", ".cache", "shardfs"))  # indexes and logs in the user's home
     print(f"--mem={JOB_MEM} job: sbatch --wait {seconds:.1f} s, ran {cluster.job_seconds(job)} s: budget {cache['budget_bytes'] >> 20} MiB, used {cache['used_bytes'] >> 20} MiB, "
           f"{cache['direct_reads']} direct reads, peak RSS {result['stats']['rss_peak_bytes'] >> 20} MiB")
+
+
+# Two steps of one job, each a fresh mount: the first fills the disk tier in the job's local
+# scratch ($TMPDIR here), the second finds the shards there and reads nothing from shared storage.
+TIER_JOB = '''#!/bin/bash
+set -e
+shardfs run --log-file "$PWD/daemon1.log" "$SHARDS" -- python3 check.py
+shardfs run --log-file "$PWD/daemon2.log" "$SHARDS" -- python3 check.py
+stat -c '{"tier_mode": "%a", "tier_uid": %u}' "$TMPDIR/shardfs-cache-$(id -u)"
+'''
+
+
+def test_disk_tier_in_the_jobs_local_scratch(cluster):
+    shards = os.path.join(cluster.top, "shards")
+    scratch = os.path.join(cluster.top, "scratch")  # the node's own disk, as a job's local scratch is
+    os.mkdir(scratch)
+    os.chown(scratch, NOBODY, NOBODY)
+    expected = {}
+    for name in sorted(os.listdir(shards)):
+        if name.endswith(".tar"):
+            with tarfile.open(os.path.join(shards, name)) as tar:
+                for member in tar.getmembers():
+                    if member.isfile():
+                        expected[member.name] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()
+    folder = job_folder(cluster, "tier", {"job.sh": TIER_JOB, "check.py": CHECK_PY})
+    job, code = sbatch(cluster, folder, "--wait", f"--export=ALL,SHARDS={shards},TMPDIR={scratch}")
+    out = output(folder)
+    assert code == 0, f"job {job} failed:\n{out}\n{cluster.logs()}"
+    first, second, tier = json_lines(out)
+    assert first["digests"] == expected and second["digests"] == expected
+    shard_bytes = sum(os.path.getsize(os.path.join(shards, n)) for n in os.listdir(shards) if n.endswith(".tar"))
+    assert first["stats"]["disk"]["bytes_written"] > 0
+    assert first["stats"]["cache"]["storage_bytes_read"] >= shard_bytes * 0.9  # the first step fetched them
+    assert second["stats"]["cache"]["storage_bytes_read"] == 0  # the second found them in the tier
+    assert second["stats"]["disk"]["hits"] > 0
+    assert tier == {"tier_mode": "700", "tier_uid": NOBODY}  # private to the job's user
+    assert wait_until_clean(cluster, None) == {"mounts": [], "processes": [], "mountpoint": False}

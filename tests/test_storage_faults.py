@@ -8,17 +8,18 @@ import time
 
 import pytest
 
-from conftest import force_unmount, needs_fuse
+from conftest import drop_page_cache, force_unmount, needs_fuse
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture
-def faulty(tmp_path):
-    """Shards a.tar (ten 100 KB members) and b.tar behind a FUSE layer that fails reads of a
-    range of a.tar, as a bad disk would. Yields (faulty mountpoint, {name: bytes}, bad member)."""
+def _faulty_storage(tmp_path, hang_while=None):
+    """Shards a.tar (ten 100 KB members) and b.tar behind a FUSE layer (faultyfs.py) that fails
+    reads of a range of a.tar, as a bad disk would; with ``hang_while``, reads of all of a.tar
+    block while that file exists, as on a hung network mount.
+    Yields (faulty mountpoint, {name: bytes}, bad member, faultyfs process)."""
     src = tmp_path / "src"
     src.mkdir()
     files = {f"a/{i}.bin": bytes([i]) * 100_000 for i in range(10)}
@@ -26,11 +27,14 @@ def faulty(tmp_path):
     (src / "b.tar").write_bytes(archive(member(b"b/only.bin", b"b" * 5000)))
     files["b/only.bin"] = b"b" * 5000
     # member a/3.bin: its data starts after 3 members (512 B header + 100,352 B padded data each)
-    bad_start = 3 * (512 + 100_352) + 512 + 1000
+    bad_start, bad_end = 3 * (512 + 100_352) + 512 + 1000, 3 * (512 + 100_352) + 512 + 1010
+    if hang_while:
+        bad_start, bad_end = 0, (src / "a.tar").stat().st_size
     faulty_mnt = tmp_path / "faulty"
     faulty_mnt.mkdir()
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "faultyfs.py"), str(src), str(faulty_mnt),
-                             "a.tar", str(bad_start), str(bad_start + 10)], stderr=subprocess.DEVNULL)
+                             "a.tar", str(bad_start), str(bad_end), *([str(hang_while)] if hang_while else [])],
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(faulty_mnt):
@@ -38,9 +42,24 @@ def faulty(tmp_path):
             time.sleep(0.05)
         yield faulty_mnt, files, "a/3.bin", proc
     finally:
+        if hang_while:
+            hang_while.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
         force_unmount(str(faulty_mnt))
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def faulty(tmp_path):
+    yield from _faulty_storage(tmp_path)
+
+
+@pytest.fixture
+def hanging(tmp_path):
+    """As ``faulty``, with reads of a.tar blocking while the yielded flag file exists."""
+    flag = tmp_path / "hang"
+    for faulty_mnt, files, _bad, _proc in _faulty_storage(tmp_path, hang_while=flag):
+        yield faulty_mnt, files, flag
 
 
 def _read(root, name):
@@ -77,3 +96,58 @@ def test_storage_that_goes_away_answers_eio_and_the_daemon_survives(faulty, moun
     assert exc.value.errno == errno.EIO
     assert os.path.ismount(m.path) and os.listdir(os.path.join(m.path, "a"))  # the tree still answers
     assert m.stats()["read_errors"] >= 1
+
+
+def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(mount, hanging, monkeypatch):
+    """A pread on a hung mount blocks in the kernel: it must hold a storage thread, not the FUSE
+    workers, and answer EIO within SHARDFS_STORAGE_TIMEOUT. (``mount`` comes first so that
+    ``hanging`` is torn down first: blocked reads are released before shardfs unmounts.)"""
+    import threading
+
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "5")
+    faulty_mnt, files, flag = hanging
+    m = mount(faulty_mnt, options=("--cache-size", "1G"))
+    assert _read(m.path, "b/only.bin") == files["b/only.bin"]  # b.tar is in the RAM cache now
+    flag.touch()  # reads of a.tar block from now on
+    results: dict = {}
+
+    def read(name):
+        try:
+            results[name] = _read(m.path, name)
+        except OSError as exc:
+            results[name] = exc
+
+    threads = [threading.Thread(target=read, args=(f"a/{i}.bin",), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):  # the rest of the tree answers meanwhile: cached bytes, listings, attributes
+            drop_page_cache(os.path.join(m.path, "b/only.bin"))
+            assert _read(m.path, "b/only.bin") == files["b/only.bin"]
+            assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
+            assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
+        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        for t in threads:
+            t.join(timeout=120)
+        assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
+        assert "no answer within 5 s" in m.log()
+    finally:
+        flag.unlink()  # the mount answers again
+    deadline = time.monotonic() + 90
+    while _read_or_none(m.path, "a/5.bin") != files["a/5.bin"]:
+        assert time.monotonic() < deadline, "reads did not recover"
+        time.sleep(0.2)
+    for name, data in files.items():
+        assert _read(m.path, name) == data
+    assert "answers again" in m.log()
+    stats = m.stats()
+    assert stats["shards_broken"] == 0
+    assert stats["cache"]["shards_cached"] == 2  # what failed in the outage was loaded again after it
+
+
+
+def _read_or_none(root, name):
+    try:
+        return _read(root, name)
+    except OSError:
+        return None

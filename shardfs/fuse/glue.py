@@ -45,8 +45,7 @@ class PlusFUSE(fuse.FUSE):
     def read(self, path, buf, size, offset, fip) -> int:
         # As mfusepy's, but a memoryview of the RAM cache is copied straight into libfuse's
         # buffer: no bytes object in between (one copy of every byte served saved).
-        data = self.operations.read(None if path is None else path.decode(self.encoding, self.errors), size,
-                                    offset, None)
+        data = self.operations.read(path, size, offset, None)
         n = len(data)
         if n > size:
             raise RuntimeError(f"read returned {n} bytes, more than the {size} asked for")
@@ -55,14 +54,16 @@ class PlusFUSE(fuse.FUSE):
             ctypes.memmove(buf, src, n)
         return n
 
+    def getattr_fuse_3(self, path, buf, fip) -> int:
+        self.operations.stat_into(path, buf.contents)
+        return 0
+
     def readdir_fuse_3(self, path, buf, filler, offset, fip, flags) -> int:
         plus = FILL_DIR_PLUS if flags & READDIR_PLUS else 0
         st = fuse.c_stat()
         entries = self.operations.listing(path.decode(self.encoding, self.errors))
         for index in range(offset, len(entries)):
-            name, attrs = entries.entry(index)
-            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
-            fuse.set_st_attrs(st, attrs, use_ns=True)
+            name = entries.entry_into(index, st)
             if filler(buf, name, st, index + 1, plus) != 0:
                 break  # the kernel's buffer is full: it asks again from this offset
         return 0

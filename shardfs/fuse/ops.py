@@ -24,6 +24,7 @@ from shardfs.fuse.lib import load as load_fuse
 from shardfs.view.dataset import Dataset
 from shardfs.view.reader import Fetcher, read_member
 from shardfs.storage.base import ShardIOError
+from shardfs.fuse import statbuf
 from shardfs.fuse.stats import STATS_XATTR, Stats
 from shardfs.view.tree import inode_number
 
@@ -56,16 +57,20 @@ class Listing:
     def __len__(self) -> int:
         return 2 + len(self.subdirs) + len(self.files)
 
-    def entry(self, index: int) -> tuple[bytes, dict]:
+    def entry_into(self, index: int, st) -> bytes:
+        """The name of entry ``index``; its attributes go into ``st`` (a struct stat, all written)."""
         view, fs = self.view, self.fs
         if index < 2:
-            return (b"." if index == 0 else b".."), fs._dir_attrs(view, self.dir if index == 0 else self.parent)
+            fs._dir_into(st, view, self.dir if index == 0 else self.parent)
+            return b"." if index == 0 else b".."
         index -= 2
         if index < len(self.subdirs):
             d = self.subdirs[index]
-            return names.basename_of(view.tree.dirs[d].path), fs._dir_attrs(view, d)
+            fs._dir_into(st, view, d)
+            return names.basename_of(view.tree.dirs[d].path)
         m = int(self.files[index - len(self.subdirs)])
-        return names.basename_of(view.tree.name(m)), fs._member_attrs(view, m)
+        fs._member_into(st, view, m)
+        return names.basename_of(view.tree.name(m))
 
 
 def _erofs(*_args, **_kwargs):
@@ -116,59 +121,54 @@ class ShardFS(fuse.Operations):
     # ---- helpers ---------------------------------------------------------
 
     @staticmethod
-    def _node(view: Dataset, path: str) -> int:
-        node = view.tree.lookup(os.fsencode(path)[1:])
+    def _node(view: Dataset, path: bytes) -> int:
+        """Node id of a path as libfuse gives it (leading slash); ENOENT if absent."""
+        node = view.tree.lookup(path[1:])
         if not node:
             raise fuse.FuseOSError(errno.ENOENT)
         return node
 
-    def _dir_attrs(self, view: Dataset, d: int) -> dict:
-        info = view.tree.dirs[d]
-        return {
-            "st_ino": inode_number(info.path),
-            "st_mode": stat.S_IFDIR | info.mode,
-            "st_nlink": view.tree.dir_nlink[d],
-            "st_size": 4096,
-            "st_blocks": 8,
-            "st_uid": self.uid,
-            "st_gid": self.gid,
-            "st_mtime": int(info.mtime * 1e9),
-            "st_ctime": int(info.mtime * 1e9),
-            "st_atime": int(info.mtime * 1e9),
-        }
-
     # ---- metadata --------------------------------------------------------
 
-    def _member_attrs(self, view: Dataset, m: int) -> dict:
-        tree = view.tree
-        size = int(tree.size[m])
-        kind = stat.S_IFLNK if tree.kind[m] == _SYMLINK else stat.S_IFREG
-        mtime = int(float(tree.mtime[m]) * 1e9)
-        return {
-            "st_ino": inode_number(tree.name(m)),
-            "st_mode": kind | int(tree.mode[m]),
-            "st_nlink": 1,
-            "st_size": size,
-            "st_blocks": (size + 511) // 512,
-            "st_uid": self.uid,
-            "st_gid": self.gid,
-            "st_mtime": mtime,
-            "st_ctime": mtime,
-            "st_atime": mtime,
-        }
+    # Attributes go straight into libfuse's struct stat (glue.PlusFUSE.getattr_fuse_3 and its
+    # listings) in one call: a dict per request and mfusepy's generic copy of it cost more than
+    # finding the member.
 
-    def getattr(self, path: str, fh=None) -> dict:
+    def _dir_into(self, st, view: Dataset, d: int) -> None:
+        info = view.tree.dirs[d]
+        statbuf.fill(st, inode_number(info.path), stat.S_IFDIR | info.mode, view.tree.dir_nlink[d], self.uid,
+                     self.gid, 4096, 8, int(info.mtime * 1e9))
+
+    def _member_into(self, st, view: Dataset, m: int) -> None:
+        tree = view.tree
+        col = tree.col
+        size = col.size[m]
+        kind = stat.S_IFLNK if col.kind[m] == _SYMLINK else stat.S_IFREG
+        statbuf.fill(st, inode_number(tree.name(m)), kind | col.mode[m], 1, self.uid, self.gid, size,
+                     (size + 511) // 512, int(col.mtime[m] * 1e9))
+
+    def stat_into(self, path: bytes, st) -> None:
+        """getattr: ``path`` as libfuse gives it (bytes, leading slash); all of ``st`` is written."""
         self.stats.op("getattr")
         view = self.view
         node = self._node(view, path)
         if view.tree.is_dir(node):
-            return self._dir_attrs(view, node - 1)
-        return self._member_attrs(view, view.tree.member(node))
+            self._dir_into(st, view, node - 1)
+        else:
+            self._member_into(st, view, view.tree.member(node))
+
+    def getattr(self, path: str, fh=None) -> dict:
+        """mfusepy's form (registers the operation); the mount itself calls stat_into."""
+        st = fuse.c_stat()
+        self.stat_into(os.fsencode(path), st)
+        return {name: getattr(st, name) for name in ("st_ino", "st_mode", "st_nlink", "st_size", "st_blocks",
+                                                      "st_uid", "st_gid")} | {
+            "st_mtime": st.st_mtimespec.tv_sec * 10**9 + st.st_mtimespec.tv_nsec}
 
     def listing(self, path: str) -> Listing:
         self.stats.op("readdir")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         if not view.tree.is_dir(node):
             raise fuse.FuseOSError(errno.ENOTDIR)
         return Listing(self, view, node)
@@ -177,13 +177,12 @@ class ShardFS(fuse.Operations):
         """Only for mfusepy's registration: PlusFUSE.readdir_fuse_3 serves listings."""
         listing = self.listing(path)
         for index in range(len(listing)):
-            name, attrs = listing.entry(index)
-            yield os.fsdecode(name), attrs, 0
+            yield os.fsdecode(listing.entry_into(index, fuse.c_stat())), None, 0
 
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         target = None if view.tree.is_dir(node) else view.tree.symlinks.get(view.tree.member(node))
         if target is None:
             raise fuse.FuseOSError(errno.EINVAL)
@@ -207,7 +206,7 @@ class ShardFS(fuse.Operations):
     def listxattr(self, path: str) -> list[str]:
         self.stats.op("listxattr")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         if view.tree.is_dir(node):
             return [STATS_XATTR] if node == 1 else []
         return [XATTR_SHARD, XATTR_OFFSET, XATTR_FORMAT]
@@ -219,17 +218,17 @@ class ShardFS(fuse.Operations):
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self.stats.op("getxattr")
         view = self.view
-        node = self._node(view, path)
+        node = self._node(view, os.fsencode(path))
         tree = view.tree
         if node == 1 and name == STATS_XATTR:
             return json.dumps(self.figures()).encode()
         if not tree.is_dir(node):
             m = tree.member(node)
-            shard = view.shards[int(tree.shard[m])]
+            shard = view.shards[tree.col.shard[m]]
             if name == XATTR_SHARD:
                 return os.fsencode(shard.path)
             if name == XATTR_OFFSET:
-                return str(int(tree.offset[m])).encode()
+                return str(tree.col.offset[m]).encode()
             if name == XATTR_FORMAT:
                 return format_for(shard.path).name.encode()
         raise fuse.FuseOSError(errno.ENODATA)
@@ -242,7 +241,8 @@ class ShardFS(fuse.Operations):
     def flush(self, path: str, fh: int) -> int:
         raise fuse.FuseOSError(errno.ENOSYS)
 
-    def read(self, path: str, size: int, offset: int, fh) -> bytes | memoryview:
+    def read(self, path: bytes, size: int, offset: int, fh) -> bytes | memoryview:
+        """``path`` as libfuse gives it (bytes, leading slash): glue.PlusFUSE.read calls this."""
         view = self.view
         node = self._node(view, path)
         if view.tree.is_dir(node):
@@ -251,7 +251,7 @@ class ShardFS(fuse.Operations):
             data = read_member(view, self.cache, view.tree.member(node), offset, size)
         except (ShardIOError, ShardFormatError) as exc:
             self.stats.error()
-            self._report(path, exc)
+            self._report(os.fsdecode(path), exc)
             raise fuse.FuseOSError(errno.EIO) from None
         self.stats.served(len(data))
         return data

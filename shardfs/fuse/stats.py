@@ -10,31 +10,44 @@ STATS_XATTR = "user.shardfs.stats"
 
 
 class Stats:
+    """Counted per thread (each worker adds to its own Counter, no lock on the request path);
+    a snapshot sums them."""
+
     def __init__(self):
         self.started = time.time()
-        self.ops: Counter[str] = Counter()
-        self.bytes_served = 0
-        self.read_errors = 0
-        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._all: list[Counter[str]] = []
+        self._lock = threading.Lock()  # only for adding a thread's Counter and for snapshots
+
+    def _mine(self) -> Counter[str]:
+        try:
+            return self._local.counts
+        except AttributeError:
+            counts = self._local.counts = Counter()
+            with self._lock:
+                self._all.append(counts)
+            return counts
 
     def op(self, name: str) -> None:
-        with self._lock:
-            self.ops[name] += 1
+        self._mine()[name] += 1
 
     def served(self, nbytes: int) -> None:
-        with self._lock:
-            self.ops["read"] += 1
-            self.bytes_served += nbytes
+        counts = self._mine()
+        counts["read"] += 1
+        counts["bytes"] += nbytes
 
     def error(self) -> None:
-        with self._lock:
-            self.read_errors += 1
+        self._mine()["read_errors"] += 1
 
     def snapshot(self) -> dict:
+        total: Counter[str] = Counter()
         with self._lock:
-            return {
-                "uptime_s": round(time.time() - self.started, 3),
-                "fuse_ops": dict(self.ops),
-                "bytes_served": self.bytes_served,
-                "read_errors": self.read_errors,
-            }
+            for counts in self._all:
+                total.update(counts.copy())  # copy: the owner may add a key meanwhile
+        bytes_served, read_errors = total.pop("bytes", 0), total.pop("read_errors", 0)
+        return {
+            "uptime_s": round(time.time() - self.started, 3),
+            "fuse_ops": dict(total),
+            "bytes_served": bytes_served,
+            "read_errors": read_errors,
+        }

@@ -3,7 +3,9 @@
 An index is built once per shard (scan its headers, vet its names) and saved as an
 uncompressed ``.npz``, so a remount reads a few arrays back (np.load copies them into
 memory: a few seconds for a million members) instead of scanning the shard. It is valid
-while the shard's size and mtime (remote: size and tag) are those it was built from.
+while the shard's size and mtime (remote: size and tag) are those it was built from; it also
+records a fingerprint of the shard's bytes (``fingerprint.py``), by which an index uploaded
+beside a remote object is checked against that object.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardfs.errors import ShardfsError
-from shardfs.index import labels
+from shardfs.index import fingerprint, labels
 from shardfs.index import names
 from shardfs.atomic import atomic_file
 from shardfs.formats import ShardFormatError, format_for
@@ -62,6 +64,7 @@ class ShardIndex:
     error: str | None = None  # the scan stopped here; members before it are good
     stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
     shard_tag: str = ""  # remote shards: the object's ETag (or Last-Modified) it was built from
+    shard_fingerprint: str = ""  # fingerprint.of the shard it was built from ("" in older indexes)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -138,6 +141,7 @@ def build(shard: Shard | str) -> ShardIndex:
         shard_size=shard.size,
         shard_mtime_ns=shard.mtime_ns,
         shard_tag=getattr(shard, "tag", ""),
+        shard_fingerprint=fingerprint.of(shard),
         names=b"".join(name_list),
         name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
         kind=np.array([rec.kind for rec in members], dtype=np.uint8),
@@ -186,6 +190,7 @@ def save(index: ShardIndex, path: str) -> None:
         "shard_size": index.shard_size,
         "shard_mtime_ns": index.shard_mtime_ns,
         "shard_tag": index.shard_tag,
+        "shard_fingerprint": index.shard_fingerprint,
         "dirs": [_text(d) for d in index.dirs],
         "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
         "warnings": index.warnings,
@@ -213,6 +218,7 @@ def load(path) -> ShardIndex:
             shard_size=meta["shard_size"],
             shard_mtime_ns=meta["shard_mtime_ns"],
             shard_tag=meta.get("shard_tag", ""),
+            shard_fingerprint=meta.get("shard_fingerprint", ""),
             names=npz["names"].tobytes(),
             dirs=[_bytes(d) for d in meta["dirs"]],
             symlinks={int(i): _bytes(t) for i, t in meta["symlinks"].items()},

@@ -1,6 +1,8 @@
 """Where a shard's index is kept and found again: beside the shard (``SHARD.shardfs-idx``),
 else in the cache directory; for a remote shard, in the cache keyed by URL, else uploaded
-beside the object. An index is used only while it describes the shard as it is now."""
+beside the object. An index is used only while it describes the shard as it is now: a local
+one by the file's size and mtime, a remote one by the object's ETag or, for an index written
+elsewhere, by a fingerprint of the object's bytes."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import zipfile
 
 from shardfs.dirs import cache_dir
+from shardfs.index import fingerprint
 from shardfs.index.shard_index import INDEX_SUFFIX, OutdatedIndex, ShardIndex, build, load, save
 from shardfs.storage.base import is_url
 from shardfs.storage.local import LocalShard
@@ -65,7 +68,8 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
 def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
     """A remote shard's index: from the local cache (keyed by URL), else from beside the object
     (``URL.shardfs-idx``, copied into the cache), else built by streaming the object once.
-    Valid while the object's size and ETag (or Last-Modified) are those it was built from."""
+    An index is used only if it describes the object: built from it (same size and ETag or
+    Last-Modified), or its fingerprint matches the object's bytes (fingerprint.py)."""
     from shardfs.storage import remote  # network clients: only for URLs
     from shardfs.storage.remote import RemoteShard
 
@@ -73,11 +77,12 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
     cached = cached_path(url, index_dir)
     if not rebuild:
         index = _try_load(cached)
-        if index is not None and (index.shard_size, index.shard_tag) == (obj.size, obj.tag):
-            index.stored_at = cached
-            return index, "loaded"
         if index is not None:
-            log.info("index %s is stale (%s changed); rebuilding", cached, url)
+            why = _not_describing(index, obj)
+            if why is None:
+                index.stored_at = cached
+                return index, "loaded"
+            log.info("index %s does not describe %s (%s); rebuilding", cached, url, why)
         beside = url + INDEX_SUFFIX
         data = None
         if remote.may_exist(beside):
@@ -86,14 +91,33 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
             except remote.RemoteError as exc:
                 log.warning("cannot fetch %s (%s): building the index instead", beside, exc)
         index = _try_load(io.BytesIO(data), beside) if data else None
-        # An index written by `shardfs index`/`pack` and uploaded with the shard knows the
-        # local file's size and mtime, not the object's tag: its size must match.
-        if index is not None and index.shard_size == obj.size and index.shard_tag in ("", obj.tag):
-            index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
-            return _save_first(index, [cached], url, how="loaded")
         if index is not None:
-            log.info("index %s does not match %s (size or tag differ); building one", beside, url)
+            why = _not_describing(index, obj)
+            if why is None:
+                # Cached with the object's tag: the next mount trusts it without a GET.
+                index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
+                return _save_first(index, [cached], url, how="loaded")
+            log.warning("index %s does not describe %s (%s); building one", beside, url, why)
     return _save_first(build(RemoteShard.of(obj)), [cached], url)
+
+
+def _not_describing(index: ShardIndex, obj) -> str | None:
+    """Why ``index`` cannot serve the object ``obj``, or None if it provably describes it:
+    built from this very object (its tag), or its fingerprint matches the object's bytes."""
+    from shardfs.storage.remote import RemoteShard
+
+    if index.shard_size != obj.size:
+        return f"size {index.shard_size}, the object has {obj.size}"
+    if obj.tag and index.shard_tag == obj.tag:
+        return None
+    if not index.shard_fingerprint:
+        return "no fingerprint to check it by (written by an older shardfs)"
+    shard = RemoteShard.of(obj)
+    try:
+        now = fingerprint.of(shard)  # a few ranged GETs, not the whole object
+    finally:
+        shard.close()
+    return None if now == index.shard_fingerprint else "its fingerprint differs from the object's bytes"
 
 
 def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:

@@ -19,7 +19,7 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
-from shardfs.storage import remote
+from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, parse_size
 from shardfs.storage.disk import DiskTier
 from shardfs.storage.placement import filesystem_type, is_local_disk
@@ -31,7 +31,8 @@ from shardfs.fuse.stats import Stats
 log = logging.getLogger("shardfs")
 
 # Threads of the FUSE loop: enough that readers waiting on storage do not block the
-# others (the GIL makes more pointless).
+# others (the GIL makes more pointless). A reader waits at most storage.deadline.TIMEOUT
+# (30 s) for storage, well under the unit's WatchdogSec=120, whose statfs needs a free one.
 MAX_THREADS = 32
 # Shards streamed in at once: local storage wants a few large sequential readers; object
 # stores and HTTP servers give more throughput to more parallel ranged GETs.
@@ -107,6 +108,11 @@ class Daemon:
 
         _raise_fd_limit()
         opts = self.opts
+        watchdog = self.notifier.watchdog_s
+        if watchdog and watchdog < 2 * deadline.TIMEOUT:
+            log.warning("the watchdog interval (%.0f s) is under twice the storage timeout (%.0f s, "
+                        "SHARDFS_STORAGE_TIMEOUT): a storage outage may get the daemon killed", watchdog,
+                        deadline.TIMEOUT)
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout)
         for line in view.problems:
             log.warning("%s", line)
@@ -136,7 +142,9 @@ class Daemon:
                       allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
                       subtype="shardfs",
                       max_threads=MAX_THREADS,
-                      max_idle_threads=8)  # also silences libfuse 3.14's warning about its own default
+                      # Idle workers are never destroyed: a pool that shrinks after each burst
+                      # creates new threads (and their Python thread states) for the next one.
+                      max_idle_threads=MAX_THREADS)
         except RuntimeError as exc:
             # libfuse's fuse_main returns 8 when its loop ends on SIGTERM/SIGINT; it has
             # unmounted by then, so that is a clean stop. Anything else is a real failure.

@@ -72,7 +72,9 @@ class Shard:
         """These bytes are cached above us now: drop any copy the kernel keeps of them."""
 
     def changed(self) -> bool:
-        """Whether the shard is no longer the one indexed (size, mtime or tag differ, or it is gone)."""
+        """Whether the shard is no longer the one indexed (size, mtime or tag differ, or it is gone).
+        ShardIOError when storage gives no definite answer (a timeout, EIO, a 5xx): an outage
+        is never taken for a change."""
         raise NotImplementedError
 
     def close(self) -> None:

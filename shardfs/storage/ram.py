@@ -36,6 +36,7 @@ import time
 from typing import TYPE_CHECKING
 
 from shardfs.errors import ShardfsError
+from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ CHUNK = 1 << 20
 LOAD_RUN = 8
 PAGE = mmap.PAGESIZE
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
-WAIT_LIMIT = 600.0  # a chunk read that takes longer than this answers EIO instead of hanging
+# Whoever reads a chunk gets an answer within deadline.TIMEOUT; a reader waiting for it gives up
+# after twice that (a safety net: EIO instead of holding a FUSE worker near the watchdog).
+WAIT_LIMIT = 2 * deadline.TIMEOUT
 PRIORITY_DEMAND, PRIORITY_PREFETCH = 0, 1
 PREFETCH_POLICIES = ("touched", "all")
 
@@ -212,8 +215,9 @@ class ShardCache:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
                     res.failed = str(exc)
                 # A failing run goes back to the readers, who narrow it down chunk by chunk;
-                # a single chunk that fails is served per request from then on.
-                fallback = BAD if count == 1 and not res.failed else MISSING
+                # a single chunk that fails is served per request from then on, unless storage
+                # was out of reach (an outage): then it is loaded again once storage answers.
+                fallback = BAD if count == 1 and not res.failed and not exc.unavailable else MISSING
                 res.state[first : first + count] = bytes([fallback]) * count
                 res.cond.notify_all()
             self._count("load_errors")

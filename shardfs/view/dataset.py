@@ -12,11 +12,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from shardfs.errors import UsageError
+from shardfs.errors import ShardfsError, UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
 from shardfs.index import shard_index
 from shardfs.index import store as index_store
+from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError, is_url
 from shardfs.storage.local import LocalShard
 from shardfs.view import layouts
@@ -24,6 +25,13 @@ from shardfs.view.sources import find_shards
 from shardfs.view.tree import Tree
 
 log = logging.getLogger(__name__)
+
+
+SOURCES_TIMEOUT = 300.0  # listing the sources at a rescan (a remote listing has its own deadline)
+
+
+class RescanPostponed(ShardfsError):
+    """Storage did not answer during a rescan: nothing was changed, the previous view stays."""
 
 
 @dataclass
@@ -92,12 +100,17 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
     files in the tree, answering EIO (never silently dropped from under a reader, never
     other bytes); a remount serves its new contents. Unchanged shards keep their Shard
     object, so what the cache holds of them stays valid.
+
+    Only a definite answer (listed without it, 404, another size, mtime or tag) counts as a
+    change: when storage fails to answer (a listing, a stat or HEAD that times out or fails
+    otherwise), the rescan raises RescanPostponed and the previous view stays as it is.
     """
     try:
-        paths = find_shards(sources)
-    except UsageError as exc:
-        log.error("rescan: %s; every shard is now missing", exc)
-        paths = []
+        # On the storage pool: a listing of a hung mount leaves one pool thread stuck, not the rescan.
+        paths = deadline.local_pool.run(deadline.place("the sources"), find_shards, sources,
+                                        timeout=SOURCES_TIMEOUT)
+    except (UsageError, OSError) as exc:
+        raise RescanPostponed(f"cannot list the sources: {exc}") from None
     return _assemble(paths, index_dir, workers, previous, layout)
 
 
@@ -110,10 +123,12 @@ def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
 
 
 def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
-    """The index a vanished or changed shard was served from, to keep its files visible."""
+    """The index a shard was served from: to keep the files of a vanished or changed one visible."""
     if shard.index_path:
         try:
-            return shard_index.load(shard.index_path)
+            ix = shard_index.load(shard.index_path)
+            ix.stored_at = shard.index_path
+            return ix
         except (OSError, ValueError, KeyError) as exc:
             log.warning("%s: its index %s is unreadable (%s): its files leave the tree", shard.path,
                         shard.index_path, exc)
@@ -128,11 +143,12 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     old = {shard.path: shard for shard in previous.shards} if previous else {}
     entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
 
-    for path, shard in old.items():  # vanished or changed since mount: EIO from now on
-        gone = path not in paths
-        if not gone and not shard.changed():
-            continue
-        why = "disappeared" if gone else "changed on disk; remount to serve its new contents"
+    try:  # decided for every shard before any is marked: one that cannot be asked stops the rescan
+        changed = [(path, shard) for path, shard in old.items() if path not in paths or shard.changed()]
+    except ShardIOError as exc:
+        raise RescanPostponed(str(exc)) from None
+    for path, shard in changed:  # vanished or changed since mount: EIO from now on
+        why = "disappeared" if path not in paths else "changed on disk; remount to serve its new contents"
         shard.mark_broken(why)
         problems.append(f"{path}: {why}; its files answer EIO")
         ix = _stale_index(shard)
@@ -142,6 +158,10 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     fresh = [p for p in paths if p not in entries]
     built = 0
     for path, ix, how in index_shards(fresh, index_dir, workers):
+        if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
+            ix = _stale_index(old[path])
+            if ix is None:
+                raise RescanPostponed(how)
         if ix is None:
             problems.append(how)
             continue

@@ -13,10 +13,10 @@ class Fetcher(Protocol):
 
 
 def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int) -> bytes | memoryview:
-    tree = view.tree
-    length = min(size, int(tree.size[m]) - offset)
+    col = view.tree.col
+    length = min(size, col.size[m] - offset)
     if length <= 0:
         return b""
-    shard = view.shards[int(tree.shard[m])]
+    shard = view.shards[col.shard[m]]
     fetch = lambda off, n: fetcher.fetch(shard, off, n)  # noqa: E731
-    return view.layout(shard).read(int(tree.offset[m]) + offset, length, fetch)
+    return view.layout(shard).read(col.offset[m] + offset, length, fetch)

@@ -13,6 +13,7 @@ even when shards are added or removed.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,22 @@ class Dir:
     mode: int = 0o755
     mtime: float = 0.0
     explicit: bool = False
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Views of the member arrays for the per-request path: an item is a plain Python int (or
+    float), about 40 ns, where a numpy scalar costs 100 ns and every operation on it more
+    (a lookup through numpy took 14 µs, through these 2 µs)."""
+
+    size: memoryview
+    offset: memoryview
+    shard: memoryview
+    mode: memoryview
+    kind: memoryview
+    mtime: memoryview
+    lookup_hash: memoryview
+    lookup_id: memoryview
 
 
 class Tree:
@@ -70,6 +87,7 @@ class Tree:
             parents.append(local_to_global[ix.parent] if len(ix) else np.empty(0, np.uint32))
         cat = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.empty(0, dtype)  # noqa: E731
         self.name_end = cat(ends, np.int64)
+        self._name_ends = memoryview(self.name_end)  # plain ints for name(), as Columns below
         self.kind = cat([ix.kind for ix in indexes], np.uint8)
         self.offset = cat([ix.offset for ix in indexes], np.int64)
         self.size = cat([ix.size for ix in indexes], np.int64)
@@ -102,6 +120,8 @@ class Tree:
         self.nfiles = len(ids)
         self.total_size = int(self.size[ids].sum()) if len(ids) else 0
         self.dir_nlink = [2 + len(sub) for sub in self.subdirs]
+        self.col = Columns(*map(memoryview, (self.size, self.offset, self.shard, self.mode, self.kind, self.mtime,
+                                             self.lookup_hash, self.lookup_id)))
 
     def _report(self, line: str) -> None:
         self.problems.append(line)
@@ -154,18 +174,19 @@ class Tree:
     # ---- queries ----------------------------------------------------------
 
     def name(self, m: int) -> bytes:
-        start = int(self.name_end[m - 1]) if m else 0
-        return self.names[start : int(self.name_end[m])]
+        ends = self._name_ends
+        return self.names[ends[m - 1] if m else 0 : ends[m]]
 
     def lookup(self, path: bytes) -> int:
         """Node id of ``path`` (no leading slash), 0 if absent."""
         d = self.dir_id.get(path)
         if d is not None:
             return d + 1
-        h = np.uint64(path_hash(path))
-        i = int(np.searchsorted(self.lookup_hash, h))
-        while i < len(self.lookup_hash) and self.lookup_hash[i] == h:
-            m = int(self.lookup_id[i])
+        h = path_hash(path)
+        hashes, ids = self.col.lookup_hash, self.col.lookup_id
+        i = bisect_left(hashes, h)
+        while i < len(hashes) and hashes[i] == h:
+            m = ids[i]
             if self.name(m) == path:
                 return self.ndirs + 1 + m
             i += 1

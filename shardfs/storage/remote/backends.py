@@ -11,7 +11,10 @@ import re
 
 from shardfs.storage.remote.errors import ObjectInfo, RemoteError, mtime_ns as _mtime_ns, status_error as _status_error
 
-REQUEST_TIMEOUT = 120.0  # one request, body included
+# One attempt gives up when connecting takes this long, or when the answer (its headers, or the
+# next bytes of its body) is this long in coming: a store that stops answering is noticed in
+# seconds, while a slow but flowing body is not cut. client.call bounds the whole request.
+CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 
 
 class S3Store:
@@ -25,6 +28,8 @@ class S3Store:
         options = dict(options)
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("retries", {"total_max_attempts": 1})  # we retry, and log it
+        config.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        config.setdefault("read_timeout", READ_TIMEOUT)
         self.fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True, **options)
         self.loop = self.fs.loop
 
@@ -127,7 +132,7 @@ class HTTPStore:
         session = await self.fs.set_session()
         kw = dict(self.fs.kwargs)
         headers = {**kw.pop("headers", {}), **headers, "Accept-Encoding": "identity"}
-        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, sock_read=30)
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
         return await session.request(method, url, headers=headers, timeout=timeout, **kw)
 
     async def info(self, url: str) -> ObjectInfo:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from shardfs.storage.remote.client import call, info, store_for
+from shardfs.storage.remote.client import LONG_TIMEOUT, call, info, store_for
 from shardfs.storage.remote.errors import ObjectInfo
 
 INFO_THREADS = 16  # HEAD requests at once when a brace URL names many objects
@@ -24,7 +24,8 @@ def may_exist(url: str) -> bool:
 
 def list_folder(folder: str, wanted: Callable[[str], bool]) -> list[ObjectInfo]:
     """The objects directly under ``folder`` whose URL is ``wanted`` (shards), remembered."""
-    shards, everything = call(f"LIST {folder}", store_for(folder).listing, folder, wanted)
+    shards, everything = call(f"LIST {folder}", store_for(folder).listing, folder, wanted,
+                                 within=LONG_TIMEOUT)
     _listed[folder if folder.endswith("/") else folder + "/"] = set(everything)
     remember(shards)
     return shards

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardfs.storage.base import Shard
+from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.remote.client import info, read
 from shardfs.storage.remote.errors import ObjectInfo, RemoteError
 
@@ -22,10 +22,15 @@ class RemoteShard(Shard):
         return cls(obj.url, obj.size, obj.mtime_ns, obj.tag)
 
     def changed(self) -> bool:
+        """Gone (404, 410) or another size or tag: True. Any other failure (timeouts, 5xx, 403)
+        says nothing about the object: ShardIOError, so that a rescan never takes a storage
+        outage for a change."""
         try:
             now = info(self.path)
-        except RemoteError:
-            return True
+        except RemoteError as exc:
+            if exc.status in (404, 410):
+                return True
+            raise ShardIOError(f"cannot tell whether {self.path} changed: {exc.strerror}", unavailable=True) from None
         return (now.size, now.tag) != (self.size, self.tag)
 
     def _pread(self, offset: int, length: int, out: memoryview | None = None) -> bytes:

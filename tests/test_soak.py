@@ -1,0 +1,39 @@
+"""Daemon threads and memory stay flat under bursts of requests wider than its worker pool (tools/soak.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conftest import needs_fuse
+from shardfs.service.daemon import MAX_THREADS
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import soak  # noqa: E402
+
+OTHER_THREADS = 8  # main, signals, notifier, cache loaders: never more than a handful
+
+
+def _soak_stays_flat(mnt: str, requests: int, per_thread: int, rss_growth_bound: int) -> None:
+    samples = soak.soak(mnt, requests=requests, width=3 * MAX_THREADS, per_thread=per_thread)
+    assert samples[-1]["requests"] >= requests
+    first, last = samples[1], samples[-1]
+    tids = set().union(*(s["tids"] for s in samples))
+    # A pool that shrinks between bursts makes new workers for each one: thread ids keep changing.
+    assert len(tids) <= MAX_THREADS + OTHER_THREADS, f"{len(tids)} thread ids seen: workers are being re-created"
+    assert max(s["threads"] for s in samples) <= MAX_THREADS + OTHER_THREADS
+    assert last["rss"] - first["rss"] <= rss_growth_bound, \
+        f"RSS grew {(last['rss'] - first['rss']) / 2**20:.1f} MiB after the first burst"
+
+
+@needs_fuse
+def test_bursts_keep_threads_and_rss_flat(tar_shards, mount):
+    _soak_stays_flat(mount(tar_shards).path, requests=40_000, per_thread=50, rss_growth_bound=4 << 20)
+
+
+@pytest.mark.slow
+@needs_fuse
+def test_million_requests_keep_threads_and_rss_flat(tar_shards, mount):
+    _soak_stays_flat(mount(tar_shards).path, requests=1_000_000, per_thread=100, rss_growth_bound=8 << 20)
