@@ -66,6 +66,13 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
+def undo(cmd: list[str]) -> None:
+    """A clean-up step: say so when it fails, carry on with the others."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"WARNING: `{' '.join(cmd)}` failed: {done.stderr.strip()}", file=sys.stderr)
+
+
 def write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -79,10 +86,10 @@ def attach_image(image: str, mountpoint: str, stack: contextlib.ExitStack) -> st
     """losetup + mount; undone by `stack`. Direct I/O on the backing file, so the image's reads
     are not served a second time from the host file's page cache."""
     dev = run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip()
-    stack.callback(subprocess.run, ["losetup", "-d", dev])
+    stack.callback(undo, ["losetup", "-d", dev])
     os.makedirs(mountpoint, exist_ok=True)
     run(["mount", dev, mountpoint])
-    stack.callback(subprocess.run, ["umount", mountpoint])
+    stack.callback(undo, ["umount", mountpoint])
     return dev
 
 
@@ -202,7 +209,7 @@ def sequential_bound(shards: list[str], files: int) -> dict:
         run(["dd", f"if={s}", "of=/dev/null", "bs=4M", "iflag=direct"])
     secs = time.perf_counter() - t0
     nbytes = sum(os.path.getsize(s) for s in shards)
-    return {"mbps": nbytes / secs / 1e6, "fps": nbytes / secs / (nbytes / files)}
+    return {"mbps": nbytes / secs / 1e6, "fps": files / secs}  # = bytes/s / shard bytes per file
 
 
 # ---------------------------------------------------------------------------------------------
