@@ -1,7 +1,9 @@
 """benchlib, the library the benchmarks and these tests share: the listing is ImageFolder's, the
 reader pools read every byte, mounts are undone, targets are judged on the right side."""
 
+import multiprocessing
 import os
+import signal
 
 import pytest
 from benchlib import tables
@@ -23,6 +25,26 @@ def test_reader_pool_reads_every_byte(sample_tree, how):
     res = read_all(paths, readers=2, how=how, seed=1)
     assert (res["files"], res["errors"]) == (len(paths), 0)
     assert res["bytes"] == sum(os.path.getsize(p) for p in paths)
+
+
+def test_an_interrupted_reader_pool_ends_its_readers(tmp_path):
+    """A signal to the benchmark alone (SIGTERM) ends the pass at once: readers that would never
+    finish (blocked opening a FIFO that has no writer) are ended, not waited for."""
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)  # not inherited by the forked readers
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            read_all([fifo, fifo], readers=2, how="open")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert multiprocessing.active_children() == []
 
 
 @needs_fuse

@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+"""By-hand benchmark of issue 12's disk tier (NOT a test): datasets larger than the RAM budget, on
+shared storage slower than the node's own disk.
+
+"Shared storage" is an ext4 image on a loop device (losetup --direct-io, mounted under --workdir)
+holding the tar shards and a plain directory of the same JPEGs. Its reads are capped by a cgroup v1
+blkio group (--iops, --bps: like an HDD-backed store). Once the dataset is made, this process joins
+the group, so everything that reads (the reader processes, cp, dd, `shardfs mount` and the daemon
+it starts) is capped. The disk tier and the copy "staged by hand" live on the machine's own disk,
+uncapped. A dataset of real JPEGs (~110 KB, ImageNet's mean) is made once and reused (marker.json).
+
+The indexes are built first, uncapped (not measured). One round, every pass after sync +
+drop_caches, reading as training code does (ImageFolder's listing, then every file once in a random
+order by --readers processes with the built-in open(path, 'rb').read(), benchlib.readers); epoch e
+uses the same order for every method:
+
+  sequential bound  dd iflag=direct of every shard: bytes/s / (shard bytes per file) = files/s
+  plain capped      the plain directory on shared storage, --epochs epochs
+  staged            cp -r of that directory to local disk (timed), then --epochs epochs there
+  shardfs           one mount (--cache-size, --disk-cache on local disk when this shardfs has it),
+                    --epochs epochs; then a SECOND mount (new daemon, same disk cache) for one epoch
+
+Bytes from shared storage are the loop device's sectors read (/sys/block/loopN/stat: nobody else
+reads this device; the daemon's /proc/PID/io would also count the disk tier's local reads).
+Figures are medians [min-max] over --rounds; every ratio is taken within one round.
+
+Run as root (loop devices, cgroups and drop_caches need it):
+
+    python3 tools/bench_tier.py --dataset-size 600M --cache-size 150M   # smoke, ~10 min
+    python3 tools/bench_tier.py                                         # 2G dataset, 400M budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import bench_dataset
+from benchlib.caches import drop_caches
+from benchlib.cli import REPO, shardfs
+from benchlib import machine
+from benchlib.machine import Others, proc_status
+from benchlib.mounts import Mounts
+from benchlib.readers import read_all, timed_listing
+from benchlib.tables import cell, median
+
+from shardfs.storage.memory import parse_size
+
+MARKER_VERSION = 1
+JPEG_BYTES = 110_000  # ImageNet train mean
+BLKIO = "/sys/fs/cgroup/blkio"
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run a command; raise with its stderr when it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+    return done
+
+
+def undo(cmd: list[str]) -> None:
+    """A clean-up step: say so when it fails, carry on with the others."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"WARNING: `{' '.join(cmd)}` failed: {done.stderr.strip()}", file=sys.stderr)
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared storage: a loop-mounted ext4 image, its reads capped by a blkio cgroup
+
+
+def attach_image(image: str, mountpoint: str, stack: contextlib.ExitStack) -> str:
+    """losetup + mount; undone by `stack`. Direct I/O on the backing file, so the image's reads
+    are not served a second time from the host file's page cache."""
+    dev = run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip()
+    stack.callback(undo, ["losetup", "-d", dev])
+    os.makedirs(mountpoint, exist_ok=True)
+    run(["mount", dev, mountpoint])
+    stack.callback(undo, ["umount", mountpoint])
+    return dev
+
+
+def device_read_bytes(dev: str) -> int:
+    with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
+        return int(f.read().split()[2]) * 512
+
+
+class ReadCap:
+    """A blkio cgroup capping reads from one device; this process (and so its children) in it."""
+
+    def __init__(self, dev: str, iops: int, bps: int):
+        rdev = os.stat(dev).st_rdev
+        self.majmin = f"{os.major(rdev)}:{os.minor(rdev)}"
+        self.path = os.path.join(BLKIO, f"shardfs-bench-tier-{os.getpid()}")
+        os.mkdir(self.path)
+        write(os.path.join(self.path, "blkio.throttle.read_iops_device"), f"{self.majmin} {iops}")
+        write(os.path.join(self.path, "blkio.throttle.read_bps_device"), f"{self.majmin} {bps}")
+        write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
+
+    def holds(self, pid: int) -> bool:
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            return str(pid) in f.read().split()
+
+    def close(self) -> None:
+        write(os.path.join(BLKIO, "cgroup.procs"), str(os.getpid()))
+        for _ in range(50):  # exited children leave the group a moment later
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            print(f"WARNING: cgroup {self.path} still holds {f.read().split()}: left in place", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# the dataset: JPEGs (src/train/<class>/) and tar shards (shards/) on the shared storage
+
+
+def make_image(path: str, size: int) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", path])
+
+
+def fill_dataset(args, shared: str) -> dict:
+    """tools/bench.py's JPEGs and `shardfs pack` shards, made on the shared storage."""
+    args.images = args.dataset_size // JPEG_BYTES
+    jpegs = bench_dataset.make_jpegs(args, shared)
+    shards = bench_dataset.make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
+    return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
+            "make_s": jpegs["seconds"], "pack_s": shards["seconds"], "packer": shards["packer"]}
+
+
+def dataset(args, work: str, stack: contextlib.ExitStack) -> tuple[str, str, dict]:
+    """The shared storage, attached, with its dataset (made when marker.json does not match)."""
+    image, shared = os.path.join(work, "shared.img"), os.path.join(work, "shared")
+    marker_path = os.path.join(work, "marker.json")
+    want = {"version": MARKER_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
+            "side": args.side, "shard_size": args.shard_size}
+    try:
+        with open(marker_path) as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        marker = {}
+    reuse = marker.get("params") == want and os.path.exists(image) and not args.rebuild
+    if not reuse:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker_path)
+        make_image(image, int(args.dataset_size * 2.4) + (256 << 20))
+    dev = attach_image(image, shared, stack)
+    if reuse:
+        print(f"dataset: reusing {image} ({marker['files']} JPEGs)")
+        return shared, dev, marker
+    marker = {"params": want, **fill_dataset(args, shared)}
+    with open(marker_path, "w") as f:
+        json.dump(marker, f, indent=1)
+    return shared, dev, marker
+
+
+def shard_files(shared: str) -> list[str]:
+    top = os.path.join(shared, "shards")
+    return sorted(os.path.join(top, n) for n in os.listdir(top) if n.endswith(".tar"))
+
+
+def index_bytes(shared: str) -> int:
+    top = os.path.join(shared, "shards")
+    return sum(os.path.getsize(os.path.join(top, n)) for n in os.listdir(top) if n.endswith(".shardfs-idx"))
+
+
+# ---------------------------------------------------------------------------------------------
+# reading as training code reads
+
+
+def epoch(root: str, readers: int, seed: int, expect: int, daemon: int | None = None) -> dict:
+    """drop_caches, ImageFolder's listing, every file once in a random order with open().read();
+    the `daemon` pid's CPU seconds and the share of the CPU that processes not ours took (noise)."""
+    drop_caches()
+    others, cpu0 = Others(daemon), proc_status(daemon).get("cpu_s", 0.0) if daemon else None
+    paths, list_s = timed_listing(root)
+    got = read_all(paths, readers, "open", seed)
+    if got["files"] != expect or got["errors"]:
+        raise RuntimeError(f"{root}: read {got['files']} of {expect} files, {got['errors']} errors "
+                           f"({got['first_error']})")
+    return {"list_s": list_s, "fps": got["files_per_s"], "others_cpu": others.done()["background_cpu"],
+            "daemon_cpu_s": proc_status(daemon).get("cpu_s", 0.0) - cpu0 if daemon else None}
+
+
+def sequential_bound(shards: list[str], files: int) -> dict:
+    """Every shard read once with large O_DIRECT requests: the storage's best case, in files/s."""
+    drop_caches()
+    t0 = time.perf_counter()
+    for s in shards:
+        run(["dd", f"if={s}", "of=/dev/null", "bs=4M", "iflag=direct"])
+    secs = time.perf_counter() - t0
+    nbytes = sum(os.path.getsize(s) for s in shards)
+    return {"mbps": nbytes / secs / 1e6, "fps": files / secs}  # = bytes/s / shard bytes per file
+
+
+# ---------------------------------------------------------------------------------------------
+# shardfs mounts
+
+
+def mount_shardfs(ctx, name: str):
+    """`shardfs mount` of the shards (ctx.mount_options); its RSS once mounted (interpreter + index)."""
+    m = ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", name),
+                           *ctx.mount_options, log=os.path.join(ctx.work, f"{name}.log"))
+    m.rss_at_mount = proc_status(m.pid).get("VmRSS")
+    return m
+
+
+def tier_figures(stats: dict) -> dict:
+    """Whatever the daemon reports about its disk tier (names not fixed yet: keys naming it)."""
+    return {k: v for k, v in stats.items() if "disk" in k or "tier" in k}
+
+
+# ---------------------------------------------------------------------------------------------
+# one round
+
+
+def one_round(ctx, r: int) -> dict:
+    a, out = ctx.args, {}
+    files, train = ctx.marker["files"], os.path.join(ctx.shared, "src", "train")
+    seeds = [1000 * r + e for e in range(a.epochs)]
+    out["seq"] = sequential_bound(ctx.shards, files)
+    print(f"  sequential bound {out['seq']['mbps']:.0f} MB/s = {out['seq']['fps']:.0f} files/s", flush=True)
+
+    dev0 = device_read_bytes(ctx.dev)
+    out["plain"] = [epoch(train, a.readers, s, files) for s in seeds]
+    out["plain_storage"] = device_read_bytes(ctx.dev) - dev0
+    print("  plain capped " + ", ".join(f"{e['fps']:.0f}" for e in out["plain"]) + " files/s", flush=True)
+
+    staged = os.path.join(ctx.work, "staged")
+    shutil.rmtree(staged, ignore_errors=True)
+    drop_caches()
+    t0 = time.perf_counter()
+    run(["cp", "-r", train, staged])  # as users stage by hand
+    out["stage_s"] = time.perf_counter() - t0
+    out["staged"] = [epoch(staged, a.readers, s, files) for s in seeds]
+    print(f"  staged: copy {out['stage_s']:.0f} s, " + ", ".join(f"{e['fps']:.0f}" for e in out["staged"])
+          + " files/s", flush=True)
+
+    shutil.rmtree(ctx.disk_cache, ignore_errors=True)  # epoch 1 starts with an empty tier
+    drop_caches()
+    dev0, t0 = device_read_bytes(ctx.dev), time.perf_counter()
+    m = mount_shardfs(ctx, "shardfs")
+    out["mount_s"] = time.perf_counter() - t0
+    out["in_cgroup"] = ctx.cap.holds(m.pid)
+    out["shardfs"], out["shardfs_storage"] = [], []
+    for s in seeds:
+        before = device_read_bytes(ctx.dev)
+        out["shardfs"].append(epoch(os.path.join(m.mnt, "train"), a.readers, s, files, m.pid))
+        out["shardfs_storage"].append(device_read_bytes(ctx.dev) - before)
+    out["storage_total"] = device_read_bytes(ctx.dev) - dev0  # the mount's index loads included
+    out["rss_at_mount"], out["rss_peak"] = m.rss_at_mount, proc_status(m.pid).get("VmHWM")
+    out["stats"] = m.stats() or {}
+    ctx.mounts.unmount(m)
+    print("  shardfs " + ", ".join(f"{e['fps']:.0f}" for e in out["shardfs"]) + " files/s, storage "
+          + ", ".join(f"{b / 1e6:.0f}" for b in out["shardfs_storage"]) + " MB", flush=True)
+
+    drop_caches()
+    dev0 = device_read_bytes(ctx.dev)
+    m2 = mount_shardfs(ctx, "shardfs-again")
+    out["second"] = epoch(os.path.join(m2.mnt, "train"), a.readers, seeds[0], files, m2.pid)
+    out["second_storage"] = device_read_bytes(ctx.dev) - dev0
+    out["second_stats"] = m2.stats() or {}
+    ctx.mounts.unmount(m2)
+    print(f"  second mount {out['second']['fps']:.0f} files/s, storage {out['second_storage'] / 1e6:.0f} MB",
+          flush=True)
+    shutil.rmtree(staged, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def spread(values, fmt: str = "{:.0f}") -> str:
+    return cell(list(values), fmt)
+
+
+def report(ctx, rounds: list[dict]) -> None:
+    a, shard_bytes = ctx.args, ctx.shard_bytes
+    label = "shardfs+tier" if ctx.has_tier else "shardfs (RAM only)"
+    print()
+    print(f"files/s per epoch (median [min-max] of {len(rounds)} rounds), every epoch after drop_caches; "
+          f"{a.readers} readers, open().read() in random order")
+    cols = [label, "plain capped", "plain staged", "sequential bound"]
+    print(f"{'epoch':<22}" + "".join(f"{c:>22}" for c in cols))
+    for e in range(a.epochs):
+        cells = [spread(r[k][e]["fps"] for r in rounds) for k in ("shardfs", "plain", "staged")]
+        cells.append(spread(r["seq"]["fps"] for r in rounds))
+        print(f"{e + 1:<22}" + "".join(f"{c:>22}" for c in cells))
+    print(f"{'2nd mount, epoch 1':<22}{spread(r['second']['fps'] for r in rounds):>22}")
+    print(f"{'listing s, epoch 1':<22}" + "".join(f"{spread((r[k][0]['list_s'] for r in rounds), '{:.2f}'):>22}"
+                                                 for k in ("shardfs", "plain", "staged")))
+    print()
+    x = lambda b: b / shard_bytes  # noqa: E731
+    rows = [
+        ("shared storage read, x shards", ""),
+        (f"  {label}, epoch 1..{a.epochs}",
+         " / ".join(spread((x(r["shardfs_storage"][e]) for r in rounds), "{:.3f}") for e in range(a.epochs))),
+        ("  shardfs mount + all epochs", spread((x(r["storage_total"]) for r in rounds), "{:.3f}")),
+        ("  2nd mount (same disk cache)", spread((x(r["second_storage"]) for r in rounds), "{:.3f}")),
+        (f"  plain capped, {a.epochs} epochs", spread((x(r["plain_storage"]) for r in rounds), "{:.3f}")),
+        (f"daemon CPU s, epoch 1..{a.epochs}",
+         " / ".join(spread((r["shardfs"][e]["daemon_cpu_s"] for r in rounds), "{:.1f}") for e in range(a.epochs))),
+        ("others' CPU share %, max over epochs", "  ".join(
+            f"{k} {spread((100 * max(e['others_cpu'] for e in r[k]) for r in rounds))}"
+            for k in ("shardfs", "plain", "staged"))),
+        ("staged by hand: cp -r s", spread((r["stage_s"] for r in rounds), "{:.1f}")),
+        ("sequential bound MB/s", spread((r["seq"]["mbps"] for r in rounds), "{:.0f}")),
+        ("shardfs mount s (index exists)", spread((r["mount_s"] for r in rounds), "{:.2f}")),
+        ("daemon RSS at mount MB", spread((r["rss_at_mount"] / 1e6 for r in rounds), "{:.0f}")),
+        ("daemon peak RSS MB (VmHWM)", spread((r["rss_peak"] / 1e6 for r in rounds), "{:.0f}")),
+    ]
+    for name, value in rows:
+        print(f"{name:<40}{value}")
+    print(f"RAM budget {a.cache_size >> 20} MiB; indexes on disk {ctx.index_bytes / 1e6:.1f} MB; shards "
+          f"{shard_bytes / 1e9:.3f} GB in {len(ctx.shards)} files; daemon in the capped cgroup: "
+          f"{all(r['in_cgroup'] for r in rounds)}")
+    last = rounds[-1]
+    print("daemon figures (last round, before unmount): cache " + json.dumps(last["stats"].get("cache", {}))
+          + "; tier " + json.dumps(tier_figures(last["stats"])))
+    print("second mount: tier " + json.dumps(tier_figures(last["second_stats"])))
+
+    def ratios(fn):
+        return [fn(r) for r in rounds]
+
+    e1 = lambda r: r["shardfs"][0]["fps"]  # noqa: E731
+    targets = [
+        ("epoch 1 >= 0.8x sequential bound", ratios(lambda r: e1(r) / r["seq"]["fps"]), ">=", 0.8),
+        ("epoch 1 >= 4x plain capped", ratios(lambda r: e1(r) / r["plain"][0]["fps"]), ">=", 4.0),
+        *[(f"epoch {e + 1} >= 0.7x plain staged", ratios(lambda r, e=e: r["shardfs"][e]["fps"] / r["staged"][e]["fps"]),
+           ">=", 0.7) for e in range(1, a.epochs)],
+        (f"shared storage over {a.epochs} epochs <= 1.05x shards", ratios(lambda r: x(r["storage_total"])), "<=", 1.05),
+        ("2nd mount shared storage <= 0.05x shards", ratios(lambda r: x(r["second_storage"])), "<=", 0.05),
+        (f"peak RSS <= budget + RSS at mount + {a.rss_slack >> 20} MB, x that",
+         ratios(lambda r: r["rss_peak"] / (a.cache_size + r["rss_at_mount"] + a.rss_slack)), "<=", 1.0),
+    ]
+    print()
+    print(f"{'target (' + label + ')':<58}{'ratio':>22}  result")
+    print("-" * 90)
+    for name, values, rule, limit in targets:
+        med = median(values)
+        ok = med >= limit if rule == ">=" else med <= limit
+        print(f"{name:<58}{spread(values, '{:.2f}'):>22}  {'PASS' if ok else 'FAIL'}")
+    if not ctx.has_tier:
+        print("note: this shardfs has no --disk-cache: the shardfs column is the RAM tier alone")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="/var/tmp/shardfs-bench-tier",
+                        help="on the local disk: the image, staged copy, disk cache, mountpoints, logs")
+    parser.add_argument("--dataset-size", type=parse_size, default=parse_size("2G"), help="JPEG bytes to make")
+    parser.add_argument("--cache-size", type=parse_size, default=parse_size("400M"), help="shardfs RAM budget")
+    parser.add_argument("--disk-cache-size", default=None, help="shardfs --disk-cache-size (default: 2x the shards)")
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--side", default="auto", help="JPEG side in pixels (auto: ~110 KB per JPEG)")
+    parser.add_argument("--shard-size", type=parse_size, default=None, help="default: RAM budget / 4, at most 256M")
+    parser.add_argument("--iops", type=int, default=200, help="read IOPS cap of the shared storage")
+    parser.add_argument("--bps", type=parse_size, default=150_000_000, help="read bytes/s cap (150M = 150 MiB/s)")
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rss-slack", type=parse_size, default=parse_size("64M"),
+                        help="daemon memory allowed above the budget and its RSS at mount")
+    parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")
+    parser.add_argument("--json", help="also write every round's figures here")
+    args = parser.parse_args()
+    args.shard_size = args.shard_size or min(256 << 20, args.cache_size // 4)
+    if args.dataset_size < 4 * args.cache_size:
+        print(f"WARNING: the dataset is under 4x the RAM budget ({args.dataset_size >> 20}M, "
+              f"{args.cache_size >> 20}M)")
+    if os.geteuid() != 0:
+        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
+
+    main_pid = os.getpid()
+
+    def on_term(signum, _frame):
+        if os.getpid() != main_pid:  # a forked reader: just go
+            os._exit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack, which undoes everything
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx = Ctx()
+    ctx.args, ctx.work = args, os.path.abspath(args.workdir)
+    os.makedirs(ctx.work, exist_ok=True)
+    print(f"command: python3 {' '.join(sys.argv)}")
+    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
+    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
+    with contextlib.ExitStack() as stack:
+        ctx.shared, ctx.dev, ctx.marker = dataset(args, ctx.work, stack)
+        ctx.shards = shard_files(ctx.shared)
+        ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
+        ctx.disk_cache = os.path.join(ctx.work, "disk-cache")
+        stack.callback(shutil.rmtree, ctx.disk_cache, True)
+        stack.callback(shutil.rmtree, os.path.join(ctx.work, "staged"), True)
+        ctx.has_tier = "--disk-cache" in shardfs("mount", "--help").stdout
+        ctx.mount_options = ["--cache-size", f"{args.cache_size >> 20}M"]
+        if ctx.has_tier:
+            ctx.mount_options += ["--disk-cache", ctx.disk_cache,
+                                  "--disk-cache-size", args.disk_cache_size or f"{2 * ctx.shard_bytes >> 20}M"]
+        m = ctx.marker
+        print(f"dataset: {m['files']} JPEGs, {m['image_bytes'] / 1e9:.3f} GB, "
+              f"mean {m['image_bytes'] / m['files'] / 1e3:.1f} KB; {len(ctx.shards)} tar shards "
+              f"{ctx.shard_bytes / 1e9:.3f} GB; shared storage {ctx.dev} capped at "
+              f"{args.iops} IOPS, {args.bps / 1e6:.0f} MB/s; shardfs mount {' '.join(ctx.mount_options)}"
+              + ("" if ctx.has_tier else " (this shardfs has no --disk-cache: RAM tier only)"), flush=True)
+        ctx.cap = None
+        stack.callback(lambda: ctx.cap and ctx.cap.close())
+        ctx.mounts = stack.enter_context(Mounts())  # FUSE mounts undone first, then the cgroup, then the image
+        t0 = time.perf_counter()
+        ctx.mounts.unmount(mount_shardfs(ctx, "index"))  # builds missing indexes, uncapped: not measured
+        ctx.index_bytes = index_bytes(ctx.shared)
+        print(f"indexes ready ({time.perf_counter() - t0:.1f} s, {ctx.index_bytes / 1e6:.1f} MB)", flush=True)
+
+        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps)
+        rounds = []
+        try:
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
+                rounds.append(one_round(ctx, r))
+        except KeyboardInterrupt:
+            print("interrupted: reporting the rounds measured", file=sys.stderr)
+        if rounds:
+            report(ctx, rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)
+    return 0 if rounds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
