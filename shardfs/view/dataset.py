@@ -51,8 +51,6 @@ class Dataset:
         if found is None:
             try:
                 found = format_for(shard.path).open_layout(shard, shard.size)
-            except ShardIOError:
-                raise
             except ShardFormatError as exc:
                 raise shard.mark_broken(f"cannot read its tables: {exc}") from None
             self._layouts[shard.path] = found
