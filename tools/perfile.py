@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -32,6 +31,9 @@ import subprocess
 import sys
 import tarfile
 import time
+
+from benchlib.caches import drop_caches
+from benchlib.readers import read_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = ROOT  # the checkout whose shardfs mounts (--code: A/B of two branches)
@@ -64,12 +66,6 @@ def generate(work: str, files: int, folders: int, shards: int, size: int) -> tup
         w.close()
     open(os.path.join(work, "done"), "w").close()
     return plain, tars
-
-
-def drop(level: int) -> None:
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write(f"{level}\n")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -136,25 +132,6 @@ def imagefolder_listing(root: str) -> int:
     return n
 
 
-def _reader(paths, barrier) -> None:
-    barrier.wait()
-    for p in paths:
-        open_read(p)
-
-
-def readers_rate(paths: list[str], readers: int) -> float:
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(readers + 1)
-    procs = [ctx.Process(target=_reader, args=(paths[r::readers], barrier)) for r in range(readers)]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    t = time.perf_counter()
-    for p in procs:
-        p.join()
-    return len(paths) / (time.perf_counter() - t)
-
-
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):9.1f}  ({min(values):.1f}-{max(values):.1f})"
 
@@ -164,7 +141,7 @@ def measure(root: str, daemon_pid, remount, rounds: int, sample: int) -> dict[st
     add = lambda k, v: res.setdefault(k, []).append(v)  # noqa: E731
     for _ in range(rounds):
         remount()
-        drop(3)
+        drop_caches(3)
         t = time.perf_counter_ns()
         n = imagefolder_listing(root)
         add("list_fresh", (time.perf_counter_ns() - t) / 1000 / n)
@@ -175,13 +152,13 @@ def measure(root: str, daemon_pid, remount, rounds: int, sample: int) -> dict[st
         random.Random(1).shuffle(paths)
         for p in paths:
             open_read(p)  # shards into the daemon's RAM cache
-        drop(3)
+        drop_caches(3)
         pid = daemon_pid()
         cpu = cpu_seconds(pid) if pid else 0.0
         add("tiny_cold", per_file(open_read_unbuf, paths))
         if pid:
             add("daemon_cpu_per_file", (cpu_seconds(pid) - cpu) * 1e6 / len(paths))
-        drop(3)
+        drop_caches(3)
         add("stat_cold", per_file(os.stat, paths))
         few = paths[:sample]
         per_file(open_read, few)
@@ -195,8 +172,8 @@ def measure(root: str, daemon_pid, remount, rounds: int, sample: int) -> dict[st
             add("isatty", (time.perf_counter_ns() - t) / 1000 / sample)
         rates = []
         for readers in (1, 2):
-            drop(1)
-            rates.append(readers_rate(paths, readers))
+            drop_caches(1)
+            rates.append(read_all(paths, readers, "open")["files_per_s"])
         add("files_s_1_reader", rates[0])
         add("files_s_2_readers", rates[1])
         add("2_readers_ratio", rates[1] / rates[0])
