@@ -117,6 +117,7 @@ class Window:
 class ShardFormat(Protocol):
     name: str
     suffixes: tuple[str, ...]
+    members_as_stored: bool  # each member is a byte range of the shard as stored (tar)
 
     def scan(self, src: ByteSource) -> ScanResult: ...
 

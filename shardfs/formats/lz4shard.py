@@ -468,6 +468,7 @@ class Lz4Layout:
 class Lz4ShardFormat:
     name = "lz4"
     suffixes = (SUFFIX,)
+    members_as_stored = False  # members live in compressed blocks
 
     def scan(self, src: ByteSource) -> ScanResult:
         """Members from the footer and tables; the data blocks are never read.

@@ -108,6 +108,7 @@ def _skip_sparse_extensions(win: Window, data_at: int, size: int) -> int:
 class TarFormat:
     name = "tar"
     suffixes = (".tar",)
+    members_as_stored = True  # a member is a byte range of the shard (its layout is the identity)
 
     def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
         return IdentityLayout()

@@ -18,6 +18,7 @@ class Stats:
         self._local = threading.local()
         self._all: list[Counter[str]] = []
         self._lock = threading.Lock()  # only for adding a thread's Counter and for snapshots
+        self._sources: list = []  # more counters kept elsewhere (the compiled loop's)
 
     def _mine(self) -> Counter[str]:
         try:
@@ -28,8 +29,10 @@ class Stats:
                 self._all.append(counts)
             return counts
 
-    def op(self, name: str) -> None:
-        self._mine()[name] += 1
+    def add_source(self, counts) -> None:
+        """``counts()`` returns {"fuse_ops": {op: n}, "bytes_served": n, other figures}, added to
+        every snapshot."""
+        self._sources.append(counts)
 
     def served(self, nbytes: int) -> None:
         counts = self._mine()
@@ -45,9 +48,16 @@ class Stats:
             for counts in self._all:
                 total.update(counts.copy())  # copy: the owner may add a key meanwhile
         bytes_served, read_errors = total.pop("bytes", 0), total.pop("read_errors", 0)
+        extra: Counter[str] = Counter()
+        for counts in self._sources:
+            more = counts()
+            total.update(more.pop("fuse_ops"))
+            bytes_served += more.pop("bytes_served")
+            extra.update(more)
         return {
             "uptime_s": round(time.time() - self.started, 3),
             "fuse_ops": dict(total),
             "bytes_served": bytes_served,
             "read_errors": read_errors,
+            **extra,
         }

@@ -1,8 +1,8 @@
 """The daemon: open the dataset, serve it over FUSE in the foreground until unmounted.
 
-Signals: libfuse itself turns SIGTERM and SIGINT into a clean unmount (fuse_main then
-returns and we exit 0). SIGHUP rescans the sources. The main thread sits inside
-fuse_main for the whole mount, so Python signal handlers would never run there: SIGHUP
+Signals: libfuse itself turns SIGTERM and SIGINT into a clean unmount (the loop then
+returns and we exit 0). SIGHUP rescans the sources. The main thread sits inside the
+FUSE loop for the whole mount, so Python signal handlers would never run there: SIGHUP
 is delivered through ``signal.set_wakeup_fd`` to a thread that does the rescan.
 """
 
@@ -66,7 +66,7 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
-def _disk_tier(opts: MountConfig, loaders: int) -> DiskTier | None:
+def _disk_tier(opts: MountConfig, loaders: int, publisher) -> DiskTier | None:
     """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
     where = opts.disk_cache
     if where is None and os.environ.get("CACHE_DIRECTORY"):
@@ -74,7 +74,7 @@ def _disk_tier(opts: MountConfig, loaders: int) -> DiskTier | None:
     if not where or where == "off":
         return None
     try:
-        tier = DiskTier(where, opts.disk_cache_size, loaders)
+        tier = DiskTier(where, opts.disk_cache_size, loaders, publisher)
     except OSError as exc:  # a mount without its tier still serves every byte
         log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
         return None
@@ -104,8 +104,10 @@ class Daemon:
         self.layout = layouts.from_options(cfg.layout, cfg.class_names)  # read once: a rescan keeps it
 
     def serve(self) -> int:
-        from shardfs.fuse.glue import PlusFUSE  # imports libfuse: keep `shardfs index` etc. usable without it
+        # These load libfuse: keep `shardfs index` etc. usable without it.
         from shardfs.fuse.ops import ShardFS
+        from shardfs.fuse.server import Server
+        from shardfs.fuse.table import Slots
 
         _raise_fd_limit()
         opts = self.opts
@@ -129,8 +131,9 @@ class Daemon:
         if self.remote:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
-        self.disk = _disk_tier(opts, loaders)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk)
+        slots = Slots()
+        self.disk = _disk_tier(opts, loaders, slots)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=slots)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.pressure = PressureWatcher(self.cache)
@@ -138,24 +141,18 @@ class Daemon:
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
                           on_destroy=lambda: self.notifier.send(stopping="1", status="unmounting"))
         self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
-        self._listen_for_sighup()
 
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
+        options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
+        options += ["allow_other"] if opts.allow_other else []
+        options += ["auto_unmount"] if opts.auto_unmount else []
+        self.server = Server(self.fs, slots, self.mountpoint, options)
+        self._listen_for_sighup()
         started = time.monotonic()
-        try:
-            PlusFUSE(self.fs, self.mountpoint, foreground=True, ro=True, default_permissions=True,
-                      allow_other=opts.allow_other, auto_unmount=opts.auto_unmount, fsname=fsname,
-                      subtype="shardfs",
-                      max_threads=MAX_THREADS,
-                      # Idle workers are never destroyed: a pool that shrinks after each burst
-                      # creates new threads (and their Python thread states) for the next one.
-                      max_idle_threads=MAX_THREADS)
-        except RuntimeError as exc:
-            # libfuse's fuse_main returns 8 when its loop ends on SIGTERM/SIGINT; it has
-            # unmounted by then, so that is a clean stop. Anything else is a real failure.
-            if exc.args != (8,):
-                raise
-            log.info("stopped by a signal")
+        # Idle workers are never destroyed: a pool that shrinks after each burst creates new
+        # threads (and their Python thread states) for the next one.
+        if self.server.loop(MAX_THREADS, MAX_THREADS) > 0:
+            log.info("stopped by a signal")  # libfuse has unmounted: a clean stop
         self.notifier.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -272,7 +269,7 @@ class Daemon:
             for line in new.problems:
                 if line not in old.problems:
                     log.warning("%s", line)
-            self.fs.view = new
+            self.server.swap(new)
             self.index_figures = {"index_seconds": round(new.seconds, 3), "indexes_built": new.built}
             self.cache.prefetch_all(added)
             log.info("rescan: %s (%d shards added, %d broken)", _describe(new), len(added),

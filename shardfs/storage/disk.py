@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.memory import parse_size
@@ -45,6 +46,19 @@ def bound_of(directory: str, text: str) -> int:
     return parse_size(text, room=st.f_bavail * st.f_frsize + held)
 
 
+class Publisher(Protocol):
+    """Who else reads the tier's files (the compiled FUSE loop reads refused shards' chunks
+    itself, checking the same records): told when a file is open and when it goes."""
+
+    def on_disk(self, shard: Shard, file: TierFile, states: bytearray, valid: int) -> None: ...
+
+    def off_disk(self, shard: Shard) -> None:
+        """Returns once nobody reads the file any more."""
+
+    def disk_hits(self) -> tuple[int, int]:
+        """(reads, bytes) it answered from the tier."""
+
+
 class Entry:
     """A shard with a file in the tier, as this daemon uses it."""
 
@@ -58,8 +72,9 @@ class Entry:
 
 
 class DiskTier:
-    def __init__(self, directory: str, size: str | None = None, loaders: int = 2):
+    def __init__(self, directory: str, size: str | None = None, loaders: int = 2, publisher: Publisher | None = None):
         self.dir = os.path.abspath(directory)  # libfuse moves the daemon to / once mounted
+        self.publisher = publisher
         prepare_dir(self.dir)
         self.bound = bound_of(directory, size or DEFAULT_SIZE)
         self.held = sum(logical_size(e) for e in cache_files(directory))
@@ -310,6 +325,8 @@ class DiskTier:
                          shard.path)
                 entry = None
             self.entries[shard] = entry
+            if entry is not None and self.publisher is not None:
+                self.publisher.on_disk(shard, entry.file, entry.state, VALID)
             return entry
 
     def _make_room(self, need: int) -> bool:
@@ -335,8 +352,10 @@ class DiskTier:
                 return
             self.disabled = exc.strerror or str(exc)
             log.warning("disk tier %s: %s; reading from shared storage only from now on", self.dir, self.disabled)
-            for entry in self.entries.values():
+            for shard, entry in self.entries.items():
                 if entry is not None:
+                    if self.publisher is not None:
+                        self.publisher.off_disk(shard)
                     entry.file.release_fill_lock()  # let other daemons fill what we no longer will
                     with entry.cond:
                         entry.cond.notify_all()
@@ -362,6 +381,10 @@ class DiskTier:
         with self._lock:
             counts = dict(self._counts)
         counts.pop("storage_read_ns")
+        if self.publisher is not None:  # reads answered from our files by the publisher
+            hits, nbytes = self.publisher.disk_hits()
+            counts["hits"] += hits
+            counts["bytes_read"] += nbytes
         return {"dir": self.dir, "bound_bytes": self.bound, "held_bytes": held, "shards": len(files),
                 **counts, "disabled": self.disabled or ""}
 
@@ -369,8 +392,10 @@ class DiskTier:
         self._closed = True
         self._fills.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            for entry in self.entries.values():
+            for shard, entry in self.entries.items():
                 if entry is not None:
+                    if self.publisher is not None:
+                        self.publisher.off_disk(shard)  # before its descriptor closes
                     with contextlib.suppress(OSError):
                         os.utime(entry.file.path)  # used until now, for the LRU order of eviction
                     entry.file.close()

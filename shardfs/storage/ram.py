@@ -33,7 +33,7 @@ import logging
 import mmap
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shardfs.errors import ShardfsError
 from shardfs.storage import deadline
@@ -59,6 +59,23 @@ PREFETCH_POLICIES = ("touched", "all")
 
 class _BadChunk(ShardfsError):
     """A chunk could not be read from storage (an I/O error, not a changed shard)."""
+
+
+class Publisher(Protocol):
+    """Who else reads the cached bytes (the compiled FUSE loop answers reads of loaded chunks
+    itself): told when a shard's buffer appears and goes, asked when it last read one."""
+
+    def resident(self, shard: Shard, buf: mmap.mmap, size: int, states: bytearray, chunk: int) -> None: ...
+
+    def gone(self, shard: Shard) -> None:
+        """Returns once nobody reads the buffer any more."""
+
+    def last_used(self, shard: Shard) -> float: ...
+
+    def hits(self) -> int: ...
+
+    def direct(self, shard: Shard, refused: bool) -> None:
+        """Whether the shard is refused (read member by member, not held here)."""
 
 
 class Resident:
@@ -130,12 +147,14 @@ class LoadQueue:
 
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
-                 idle_evict: float = 300.0, disk: DiskTier | None = None):
+                 idle_evict: float = 300.0, disk: DiskTier | None = None, publisher: Publisher | None = None):
         """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
-        read through the disk tier, whose figures of storage reads replace ours."""
+        read through the disk tier, whose figures of storage reads replace ours. ``publisher``
+        is told of every resident buffer (see Publisher)."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
         self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
+        self.publisher = publisher
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -255,10 +274,15 @@ class ShardCache:
             if shard.size > self.budget or not self._make_room(shard.size):
                 # Admitting it later in the same pass would load again what was just read directly.
                 self.refused[shard] = self._counts["evicted"]
+                if self.publisher is not None:
+                    self.publisher.direct(shard, True)
                 return None
-            self.refused.pop(shard, None)
+            if self.refused.pop(shard, None) is not None and self.publisher is not None:
+                self.publisher.direct(shard, False)
             res = self.resident[shard] = Resident(shard)
             self.reserved += shard.size
+            if self.publisher is not None:
+                self.publisher.resident(shard, res.buf, res.size, res.state, CHUNK)
             self._counts["admitted"] += 1
         self._queue.put(shard, priority)
         return res
@@ -268,8 +292,8 @@ class ShardCache:
         if self.reserved + need <= self.budget:
             return True
         cutoff = time.monotonic() - self.idle_evict
-        idle = [shard for shard, r in self.resident.items() if r.last_used < cutoff and not r.busy]
-        for shard in sorted(idle, key=lambda shard: self.resident[shard].last_used):
+        idle = [shard for shard, r in self.resident.items() if self._last_used(r) < cutoff and not r.busy]
+        for shard in sorted(idle, key=lambda shard: self._last_used(self.resident[shard])):
             self._evict_locked(shard)
             if self.reserved + need <= self.budget:
                 return True
@@ -281,15 +305,24 @@ class ShardCache:
         its view keeps the mapping alive until the reply is sent, then the memory goes."""
         with self._lock:
             self.budget = budget
-            for shard in sorted(self.resident, key=lambda shard: self.resident[shard].last_used):
+            for shard in sorted(self.resident, key=lambda shard: self._last_used(self.resident[shard])):
                 if self.reserved <= budget:
                     break
                 self._evict_locked(shard)
+
+    def _last_used(self, res: Resident) -> float:
+        if self.publisher is None:
+            return res.last_used
+        return max(res.last_used, self.publisher.last_used(res.shard))
 
     def _evict_locked(self, shard: Shard) -> None:
         res = self.resident.pop(shard)
         self.reserved -= res.size
         self._counts["evicted"] += 1
+        if self.publisher is not None:
+            self.publisher.gone(shard)
+            for refused in self.refused:  # considered again at their next read (see _admit)
+                self.publisher.direct(refused, False)
         # The mmap is unmapped when the last reference (a reader mid-copy) lets go of it.
 
     def _drop(self, res: Resident) -> None:
@@ -344,6 +377,8 @@ class ShardCache:
             reserved = self.reserved
         if self.disk is not None:  # what really came from storage (the rest came from local disk)
             counts.update(self.disk.storage_counts())
+        if self.publisher is not None:  # reads the publisher answered from our buffers
+            counts["hits"] += self.publisher.hits()
         busy_s = counts.pop("storage_read_ns") / 1e9
         return {
             "budget_bytes": self.budget,

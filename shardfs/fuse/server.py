@@ -1,0 +1,42 @@
+"""The mount: libfuse's low-level session run by the compiled loop (``_lowlevel``), answering
+per-file requests from the view's table and handing misses and control to the operations."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from shardfs.fuse import _lowlevel, table
+from shardfs.fuse.ops import NEGATIVE_TIMEOUT, TIMEOUT, ShardFS
+from shardfs.view.dataset import Dataset
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    def __init__(self, ops: ShardFS, slots: table.Slots, mountpoint: str, options: list[str]):
+        """Mounts at once (``options`` as for mount -o); ``loop`` then serves until unmounted."""
+        self.ops, self.slots = ops, slots
+        ops.stats.add_source(self.counts)
+        self.session = _lowlevel.Session(ops, table.build(ops.view, slots), mountpoint, ",".join(options),
+                                         TIMEOUT, NEGATIVE_TIMEOUT)
+
+    def loop(self, max_threads: int, max_idle_threads: int) -> int:
+        """Serve until unmounted (0) or stopped by SIGTERM/SIGINT (the signal's number)."""
+        # libfuse installs its stop handlers only where the default is set: Python's own SIGINT
+        # handler would never run while this thread is in C.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return self.session.loop(max_threads, max_idle_threads)
+
+    def swap(self, view: Dataset) -> None:
+        """Serve ``view`` from now on (a rescan): the kernel forgets the listings and attributes
+        it cached of every directory of the old and the new view."""
+        old = self.ops.view
+        self.session.set_table(table.build(view, self.slots))
+        self.ops.view = view
+        failed = self.session.invalidate(sorted(set(table.directory_inos(old)) | set(table.directory_inos(view))))
+        if failed:
+            log.warning("the kernel kept its cached listing of %d directories after the rescan", failed)
+
+    def counts(self) -> dict:
+        return self.session.counts()

@@ -1,0 +1,152 @@
+"""A view as the compiled request loop answers from it: the tree's arrays plus a few derived ones
+(inode numbers sorted for lookup by node id, each directory's children), and one Slot per shard
+through which the RAM cache publishes the bytes it holds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+from shardfs.formats import format_for
+from shardfs.formats.base import Kind
+from shardfs.fuse import _lowlevel
+from shardfs.index import names
+from shardfs.storage import tierfile
+from shardfs.storage.base import Shard
+from shardfs.view.dataset import Dataset
+from shardfs.view.tree import _INODE_SPACE, inode_number
+
+log = logging.getLogger(__name__)
+
+
+class Slots:
+    """One Slot per shard, kept across rescans (a shard that stays keeps its slot). The RAM
+    cache calls ``resident``/``gone``/``direct`` (storage.ram.Publisher), the disk tier
+    ``on_disk``/``off_disk`` (storage.disk.Publisher); the tables read them."""
+
+    def __init__(self):
+        self._slots: dict[Shard, _lowlevel.Slot] = {}
+        self._lock = threading.Lock()
+
+    def slot(self, shard: Shard) -> _lowlevel.Slot:
+        with self._lock:
+            found = self._slots.get(shard)
+            if found is None:
+                found = self._slots[shard] = _lowlevel.Slot()
+            return found
+
+    def resident(self, shard: Shard, buf, size: int, states: bytearray, chunk: int) -> None:
+        self.slot(shard).publish(buf, size, states, chunk)
+
+    def gone(self, shard: Shard) -> None:
+        with self._lock:
+            found = self._slots.get(shard)
+        if found is not None:
+            found.withdraw()  # returns once no reader copies from the buffer
+
+    def last_used(self, shard: Shard) -> float:
+        with self._lock:
+            found = self._slots.get(shard)
+        return found.last_used if found is not None else 0.0
+
+    def hits(self) -> int:
+        with self._lock:
+            return sum(s.hits for s in self._slots.values())
+
+    def direct(self, shard: Shard, refused: bool) -> None:
+        self.slot(shard).direct = refused
+
+    def on_disk(self, shard: Shard, file: tierfile.TierFile, states: bytearray, valid: int) -> None:
+        self.slot(shard).publish_file(file.fd, file.size, file.data_at, states, valid, tierfile.HEADER,
+                                      tierfile.RECORD.size, tierfile.RECORD_MAGIC, tierfile.BLOCK, tierfile.CHUNK)
+
+    def off_disk(self, shard: Shard) -> None:
+        with self._lock:
+            found = self._slots.get(shard)
+        if found is not None:
+            found.withdraw_file()
+
+    def disk_hits(self) -> tuple[int, int]:
+        """(reads, bytes) answered from disk-tier files."""
+        with self._lock:
+            pairs = [s.disk_hits for s in self._slots.values()]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def _member_ino(path_hashes: np.ndarray) -> np.ndarray:
+    """inode_number for many members at once (the same formula, in uint64)."""
+    return np.uint64(2) + path_hashes % np.uint64(_INODE_SPACE)
+
+
+def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
+    tree = view.tree
+    ndirs, nmembers = tree.ndirs, len(tree.size)
+    dir_paths = [d.path for d in tree.dirs]
+    dir_ino = np.fromiter((inode_number(p) for p in dir_paths), np.uint64, ndirs)
+    live = np.asarray(tree.lookup_id, dtype=np.uint32)
+    live_ino = _member_ino(np.asarray(tree.lookup_hash, dtype=np.uint64))
+    member_ino = np.zeros(nmembers, np.uint64)
+    member_ino[live] = live_ino
+
+    keys = np.concatenate([dir_ino, live_ino])
+    nodes = np.concatenate([np.arange(ndirs, dtype=np.uint32), live + np.uint32(ndirs)])
+    order = np.argsort(keys, kind="stable")
+    keys, nodes = keys[order], nodes[order]
+    clash = np.flatnonzero(keys[1:] == keys[:-1]) + 1
+    hidden = np.empty(0, np.uint32)
+    if len(clash):  # a 63-bit inode collision: one id cannot name two paths, so one is left out
+        hidden = nodes[clash]
+        for n in hidden[:20]:
+            log.warning("%s has the inode number of another path: left out",
+                        names.show(dir_paths[n] if n < ndirs else tree.name(int(n) - ndirs)))
+        keys, nodes = np.delete(keys, clash), np.delete(nodes, clash)
+
+    # Every directory's children (subdirectories, then files and links), grouped by parent.
+    dir_parent = np.array([tree.dir_id[names.parent_of(p)] if p else 0 for p in dir_paths], np.uint32)
+    listing = np.asarray(tree.listing, dtype=np.uint32)
+    file_parent = np.repeat(np.arange(ndirs, dtype=np.uint32), np.diff(tree.listing_start))
+    child = np.concatenate([np.arange(1, ndirs, dtype=np.uint32), listing + np.uint32(ndirs)])
+    parent = np.concatenate([dir_parent[1:], file_parent])
+    if len(hidden):
+        keep = ~np.isin(child, hidden)
+        child, parent = child[keep], parent[keep]
+    by_parent = np.argsort(parent, kind="stable")
+    children = child[by_parent]
+    child_start = np.searchsorted(parent[by_parent], np.arange(ndirs + 1)).astype(np.uint32)
+
+    name_lengths = np.fromiter((len(p) for p in dir_paths), np.int64, ndirs)
+    arrays = {
+        "ino": np.concatenate([dir_ino, member_ino]),
+        "by_ino": keys,
+        "by_ino_node": nodes,
+        "dir_names": b"".join(dir_paths),
+        "dir_name_end": np.cumsum(name_lengths),
+        "dir_mode": np.array([d.mode for d in tree.dirs], np.uint32),
+        "dir_nlink": np.array(tree.dir_nlink, np.uint32),
+        "dir_mtime_ns": np.array([int(d.mtime * 1e9) for d in tree.dirs], np.int64),
+        "dir_parent": dir_parent,
+        "child_start": child_start,
+        "children": children,
+        "names": tree.names,
+        "name_end": np.ascontiguousarray(tree.name_end, np.int64),
+        "size": np.ascontiguousarray(tree.size, np.int64),
+        "offset": np.ascontiguousarray(tree.offset, np.int64),
+        "shard": np.ascontiguousarray(tree.shard, np.uint32),
+        "mode": np.ascontiguousarray(tree.mode, np.uint16),
+        "kind": np.ascontiguousarray(tree.kind, np.uint8),
+        "mtime": np.ascontiguousarray(tree.mtime, np.float64),
+        # Only where a member is a byte range of the shard as stored (tar) can the loop copy it
+        # from the cached shard; other formats (lz4 blocks) go through their layout in Python.
+        "shard_raw": np.array([format_for(s.path).members_as_stored for s in view.shards], np.uint8),
+    }
+    return _lowlevel.Table(arrays, view, tuple(slots.slot(s) for s in view.shards), ndirs=ndirs,
+                           nmembers=nmembers, nsorted=len(keys), symlink_kind=int(Kind.SYMLINK),
+                           uid=os.getuid(), gid=os.getgid(), files=tree.nfiles, total_size=tree.total_size)
+
+
+def directory_inos(view: Dataset) -> list[int]:
+    """Every directory's inode number (what a rescan invalidates in the kernel)."""
+    return [inode_number(d.path) for d in view.tree.dirs]

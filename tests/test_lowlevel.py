@@ -1,0 +1,134 @@
+"""The compiled request loop: what it answers without Python, checked through real mounts by the
+requests it counts, and its table against the tree it is built from."""
+
+import hashlib
+import os
+import time
+
+import pytest
+
+from conftest import drop_page_cache, needs_fuse
+from shardfs.fuse import _lowlevel, table
+from shardfs.view import dataset
+from shardfs.view.tree import inode_number
+from tarcraft import archive, member
+
+pytestmark = needs_fuse
+
+
+def _walk(root: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files)
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _ops(m) -> dict:
+    return m.stats()["fuse_ops"]
+
+
+def test_a_second_listing_is_served_by_the_kernel(tar_shards, mount):
+    m = mount(tar_shards)
+    first = _walk(m.path)
+    listed = _ops(m).get("readdir", 0)
+    assert listed > 0 and len(first) == 72
+    assert _walk(m.path) == first
+    assert _walk(m.path) == first
+    after = _ops(m)
+    assert after.get("readdir", 0) == listed  # cached listings (FOPEN_CACHE_DIR)
+    assert after.get("opendir", 0) > 0
+
+
+def test_python_open_asks_isatty_and_gets_enotty_from_c(tar_shards, sample_tree, mount):
+    m = mount(tar_shards)
+    files = _walk(m.path)
+    for path in files:
+        with open(path, "rb") as f:  # buffered: calls isatty() (an ioctl) on every open
+            assert not f.isatty()
+    ops = _ops(m)
+    assert ops.get("ioctl", 0) >= len(files)
+    for path in files:
+        rel = os.path.relpath(path, m.path)
+        assert _sha(path) == _sha(os.path.join(sample_tree, rel))
+
+
+def test_reads_of_cached_bytes_are_answered_in_c_with_the_right_bytes(tar_shards, sample_tree, mount):
+    m = mount(tar_shards)
+    files = _walk(m.path)
+    want = {p: _sha(os.path.join(sample_tree, os.path.relpath(p, m.path))) for p in files}
+    assert {p: _sha(p) for p in files} == want  # the first pass loads the shards (Python)
+    served_before = m.stats()["cache"]["hits"]
+    for p in files:
+        drop_page_cache(p)
+    assert {p: _sha(p) for p in files} == want  # now from the published buffers
+    stats = m.stats()
+    assert stats["reads_in_c_from_ram"] >= len(files)
+    assert stats["cache"]["hits"] >= served_before + len(files)
+    assert stats["bytes_served"] >= 2 * sum(os.path.getsize(p) for p in files)
+
+
+def test_lookups_and_attributes_come_from_the_table(tar_shards, mount):
+    m = mount(tar_shards)
+    for path in _walk(m.path):
+        st = os.stat(path)
+        rel = os.path.relpath(path, m.path).encode()
+        assert st.st_ino == inode_number(rel)
+    assert not os.path.exists(os.path.join(m.path, "nope"))
+    assert not os.path.exists(os.path.join(m.path, _walk(m.path)[0], "below-a-file"))
+    assert _ops(m).get("lookup", 0) > 0
+
+
+def test_other_xattrs_are_answered_without_python(tar_shards, mount):
+    m = mount(tar_shards)
+    path = _walk(m.path)[0]
+    with pytest.raises(OSError) as exc:
+        os.getxattr(path, "security.selinux")
+    assert exc.value.errno == 61  # ENODATA
+    assert os.getxattr(path, "user.shardfs.format") == b"tar"
+    assert "user.shardfs.shard" in os.listxattr(path)
+
+
+def test_table_lookup_agrees_with_the_tree(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(archive(member(b"x/b.txt", b"1"), member(b"x/a.txt", b"2"),
+                                        member(b"x/y/z.txt", b"3"), member(b"top.txt", b"4")))
+    (src / "b.tar").write_bytes(archive(member(b"x/c.txt", b"5"), member(b"x/a.txt", b"6")))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    t = table.build(view, table.Slots())
+    for path in (b"x", b"x/y", b"x/a.txt", b"x/b.txt", b"x/c.txt", b"x/y/z.txt", b"top.txt"):
+        parent, _, name = path.rpartition(b"/")
+        assert t.lookup(inode_number(parent), name) == inode_number(path), path
+    assert t.lookup(1, b"missing") is None
+    assert t.lookup(inode_number(b"top.txt"), b"under-a-file") is None
+
+
+def test_a_slot_refuses_a_buffer_smaller_than_its_shard():
+    slot = _lowlevel.Slot()
+    with pytest.raises(ValueError):
+        slot.publish(bytearray(10), 11, bytearray(1), 1 << 20)
+    slot.publish(bytearray(10), 10, bytearray(1), 1 << 20)
+    slot.withdraw()
+    assert slot.hits == 0
+
+
+def test_refused_shards_are_read_from_the_disk_tier_in_c(tar_shards, sample_tree, mount, tmp_path):
+    tier = tmp_path / "tier"
+    options = ("--disk-cache", str(tier), "--cache-size", "1")  # RAM holds nothing: every shard refused
+    m = mount(tar_shards, options=options)
+    files = _walk(m.path)
+    want = {p: _sha(os.path.join(sample_tree, os.path.relpath(p, m.path))) for p in files}
+    assert {p: _sha(p) for p in files} == want  # fills the tier, in the background too
+    total = sum(f.stat().st_size for f in tar_shards.glob("*.tar"))
+    deadline = time.monotonic() + 60
+    while m.stats()["disk"]["bytes_written"] < total:
+        assert time.monotonic() < deadline, m.stats()["disk"]
+        time.sleep(0.1)
+    for p in files:
+        drop_page_cache(p)
+    assert {p: _sha(p) for p in files} == want
+    stats = m.stats()
+    assert stats["reads_in_c_from_disk"] >= len(files)
+    assert stats["disk"]["hits"] >= len(files)
