@@ -79,12 +79,20 @@ def make_jpegs(args, work: str) -> dict:
     else:
         side = int(args.side)
     train = os.path.join(src, "train")
-    os.makedirs(train)
-    jobs = [(c, max(1, args.images // args.classes), side, scratch, train) for c in range(args.classes)]
-    with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
-        for done, _ in enumerate(pool.imap_unordered(_gen_class, jobs), 1):
-            if done % max(1, args.classes // 10) == 0:
-                print(f"  {done}/{args.classes} classes", flush=True)
+    per_class = max(1, args.images // args.classes)
+    reuse = getattr(args, "jpegs_from", None)
+    if reuse:  # the same JPEGs another run made (generation is seeded by class): copied, not remade
+        have = sample.files_under(reuse)
+        if len(have) != per_class * args.classes:
+            raise SystemExit(f"--jpegs-from {reuse}: {len(have)} JPEGs, not {per_class} in each of {args.classes} classes")
+        shutil.copytree(os.path.join(reuse, "train"), train)
+    else:
+        os.makedirs(train)
+        jobs = [(c, per_class, side, scratch, train) for c in range(args.classes)]
+        with mp.get_context("fork").Pool(os.cpu_count() or 1) as pool:
+            for done, _ in enumerate(pool.imap_unordered(_gen_class, jobs), 1):
+                if done % max(1, args.classes // 10) == 0:
+                    print(f"  {done}/{args.classes} classes", flush=True)
     _rm(scratch)
     files = sample.files_under(src)
     image_bytes = sum(os.path.getsize(os.path.join(src, f)) for f in files)

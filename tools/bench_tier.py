@@ -379,6 +379,8 @@ def main() -> int:
     parser.add_argument("--cache-size", type=parse_size, default=parse_size("400M"), help="shardfs RAM budget")
     parser.add_argument("--disk-cache-size", default=None, help="shardfs --disk-cache-size (default: 2x the shards)")
     parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--jpegs-from", help="copy the JPEGs of another run's dataset (e.g. tools/bench.py's "
+                        "/tmp/shardfs-bench/src, made with the same classes and count) instead of making them")
     parser.add_argument("--side", default="auto", help="JPEG side in pixels (auto: ~110 KB per JPEG)")
     parser.add_argument("--shard-size", type=parse_size, default=None, help="default: RAM budget / 4, at most 256M")
     parser.add_argument("--iops", type=int, default=200, help="read IOPS cap of the shared storage")

@@ -1,3 +1,5 @@
-"""The kernel's side: FUSE operations over a dataset view (``ops``), the adapter over mfusepy that
-keeps the hot path lean (``glue``), loading libfuse and checking that a mount can work (``lib``),
-and the per-operation counters a mount exposes (``stats``). The read path lives here only."""
+"""The kernel's side: the compiled request loop on libfuse's low-level API (``_lowlevel``, run by
+``server``) answering per-file requests and cached reads from a view's arrays (``table``), the
+Python half of the operations for misses and control (``ops``, fusepy's API), loading libfuse and
+checking that a mount can work (``lib``), and the counters a mount exposes (``stats``). The read
+path lives here only."""

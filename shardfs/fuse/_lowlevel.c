@@ -445,8 +445,9 @@ static int take_array(PyObject *arrays, const char *name, const void **out, Py_s
         return -1;
     }
     *out = view.buf;
-    /* The object stays referenced in keep (a list) for the table's life: its memory stays put. */
-    int rc = PyList_Append(keep, obj);
+    /* The object stays referenced in keep (a list) for the table's life: its memory stays put.
+     * Without keep, *out is good until the caller returns (it copies the array). */
+    int rc = keep ? PyList_Append(keep, obj) : 0;
     PyBuffer_Release(&view);
     return rc;
 }
@@ -500,7 +501,7 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
         take_array(arrays, "shard_raw", (const void **)&t->shard_raw, 1, nshards, t->keep) < 0)
         return -1;
     uint32_t nchildren = t->child_start[ndirs];
-    if (take_array(arrays, "children", &children, 4, nchildren, t->keep) < 0)
+    if (take_array(arrays, "children", &children, 4, nchildren, NULL) < 0)
         return -1;
     if (t->dir_name_end[ndirs - 1] > PyBytes_GET_SIZE(dir_names) ||
         (nmembers && t->name_end[nmembers - 1] > PyBytes_GET_SIZE(names))) {
@@ -824,27 +825,12 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 }
 
 static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-    Session *s = session_of(req);
-    COUNT(s, OP_OPENDIR);
-    Table *t;
-    int64_t n = enter_node(req, ino, &t);
-    if (n < 0)
-        return;
-    int is_dir = n < t->ndirs;
-    table_leave(t);
-    if (!is_dir) {
-        fuse_reply_err(req, ENOTDIR);
-        return;
-    }
-    /* The kernel keeps the listing in the directory's page cache: the next listing is served
-     * there. A rescan invalidates it (Session.invalidate). */
-    fi->cache_readdir = 1;
-    fi->keep_cache = 1;
-    fuse_reply_open(req, fi);
-}
-
-static void ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-    fuse_reply_err(req, 0);
+    /* ENOSYS: the kernel stops sending OPENDIR/RELEASEDIR for this mount, and opens every
+     * directory with FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR (fs/fuse/file.c, "default for no-open"):
+     * it keeps each listing in the directory's page cache, so the next listing never reaches us.
+     * A rescan invalidates them (Session.invalidate). */
+    COUNT(session_of(req), OP_OPENDIR);
+    fuse_reply_err(req, ENOSYS);
 }
 
 static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus) {
@@ -922,8 +908,6 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
 static void ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     fuse_reply_err(req, ENOSYS);
 }
-
-static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) { fuse_reply_err(req, 0); }
 
 static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, size_t size, off_t off) {
     PyGILState_STATE g = python_enter();
@@ -1173,10 +1157,8 @@ static const struct fuse_lowlevel_ops LL_OPS = {
     .opendir = ll_opendir,
     .readdir = ll_readdir,
     .readdirplus = ll_readdirplus,
-    .releasedir = ll_releasedir,
     .open = ll_open,
     .flush = ll_flush,
-    .release = ll_release,
     .read = ll_read,
     .ioctl = ll_ioctl,
     .statfs = ll_statfs,

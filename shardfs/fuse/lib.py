@@ -7,8 +7,8 @@ import shutil
 
 from shardfs.errors import UsageError
 
-# mfusepy prefers libfuse2 when both are installed; libfuse3 gives 1 MiB reads and
-# zero-message opens (see README, "How it works").
+# mfusepy prefers libfuse2 when both are installed; the compiled loop links libfuse3, and one
+# process must not load both.
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
 
