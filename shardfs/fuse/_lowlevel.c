@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -48,7 +49,8 @@ typedef struct {
     _Atomic uint64_t hits;
     /* The shard's file in the disk tier (storage.tierfile), read here while the RAM cache
      * has refused the shard (``direct``): chunk records of crc32s per block, checked on every read. */
-    _Atomic int fd; /* -1 while nothing is published */
+    _Atomic int fd; /* the data, O_DIRECT where possible; -1 while nothing is published */
+    int records_fd; /* the chunk records (small unaligned reads: never O_DIRECT) */
     _Atomic int direct;
     const uint8_t *fstate; /* chunk states of the disk tier */
     Py_buffer fstatebuf;
@@ -94,12 +96,12 @@ static void slot_release_file(Slot *s) {
 }
 
 static PyObject *slot_publish_file(Slot *s, PyObject *args) {
-    int fd, valid;
+    int fd, records_fd, valid;
     long long size, data_at, header, record_size, block, chunk;
     unsigned int magic;
     PyObject *state;
-    if (!PyArg_ParseTuple(args, "iLLOiLLILL", &fd, &size, &data_at, &state, &valid, &header, &record_size, &magic,
-                          &block, &chunk))
+    if (!PyArg_ParseTuple(args, "iiLLOiLLILL", &fd, &records_fd, &size, &data_at, &state, &valid, &header,
+                          &record_size, &magic, &block, &chunk))
         return NULL;
     if (block <= 0 || chunk % block != 0 || record_size != 4 + 4 * (chunk / block)) {
         PyErr_SetString(PyExc_ValueError, "a record is a magic number and one crc32 per block of a chunk");
@@ -111,6 +113,7 @@ static PyObject *slot_publish_file(Slot *s, PyObject *args) {
     s->fstate = (const uint8_t *)s->fstatebuf.buf;
     s->valid = (uint8_t)valid;
     s->fsize = size;
+    s->records_fd = records_fd;
     s->data_at = data_at;
     s->header = header;
     s->record_size = record_size;
@@ -213,11 +216,33 @@ miss:
 /* Bytes [off, off+len) of the shard from its disk-tier file into out, every block they touch
  * checked against its chunk's record; 0 if a chunk is not there or anything fails (the caller
  * then asks Python, which logs it and reads from storage). */
-static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out) {
+/* Room for a disk-tier read, aligned for O_DIRECT: each worker keeps one small buffer (the
+ * usual read, a member of a few blocks); larger reads get a mapping of their own, unmapped after
+ * the reply, so no worker's heap keeps a megabyte it used once. */
+#define KEPT_BUFFER (384 << 10)
+
+static char *file_buffer(size_t need) {
+    static __thread char *kept;
+    if (need > KEPT_BUFFER) {
+        void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    if (kept == NULL && posix_memalign((void **)&kept, 4096, KEPT_BUFFER) != 0)
+        kept = NULL;
+    return kept;
+}
+
+static void file_buffer_done(char *p, size_t need) {
+    if (p != NULL && need > KEPT_BUFFER)
+        munmap(p, need);
+}
+
+static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t *room) {
     int ok = 0;
     atomic_fetch_add(&s->pins, 1);
     int fd = atomic_load(&s->fd);
     char *blocks = NULL;
+    *room = 0;
     if (fd < 0 || off < 0 || len == 0 || off + (int64_t)len > s->fsize)
         goto done;
     int64_t end = off + (int64_t)len;
@@ -231,10 +256,14 @@ static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out) 
     int64_t stop = (end + s->block - 1) / s->block * s->block;
     if (stop > s->fsize)
         stop = s->fsize; /* the last block of a shard is checked over what it has */
-    blocks = malloc((size_t)(stop - begin));
+    /* O_DIRECT wants whole pages: the shard's last block is read up to the page boundary */
+    *room = (size_t)((stop - begin + 4095) / 4096 * 4096);
+    blocks = file_buffer(*room);
     if (blocks == NULL)
         goto done;
-    ssize_t got = pread(fd, blocks, (size_t)(stop - begin), s->data_at + begin);
+    ssize_t got = pread(fd, blocks, *room, s->data_at + begin);
+    if (got > stop - begin)
+        got = stop - begin;
     if (got < end - begin)
         goto done; /* short: the shard ends inside the last block, or the file is damaged */
     int64_t have = begin + got;
@@ -243,7 +272,7 @@ static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out) 
     if (per_chunk > 64)
         goto done;
     for (int64_t c = first_chunk; c <= last_chunk; c++) {
-        if (pread(fd, record, (size_t)s->record_size, s->header + c * s->record_size) != s->record_size ||
+        if (pread(s->records_fd, record, (size_t)s->record_size, s->header + c * s->record_size) != s->record_size ||
             record[0] != s->magic)
             goto done;
         int64_t lo = c * s->fchunk > begin ? c * s->fchunk : begin;
@@ -260,16 +289,16 @@ static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out) 
 done:
     atomic_fetch_sub(&s->pins, 1);
     if (!ok) {
-        free(blocks);
+        file_buffer_done(blocks, *room);
         return NULL;
     }
-    return blocks; /* the caller frees it after the reply */
+    return blocks; /* the caller hands it to file_buffer_done after the reply */
 }
 
 static PyMethodDef slot_methods[] = {
     {"publish_file", (PyCFunction)slot_publish_file, METH_VARARGS,
-     "publish_file(fd, size, data_at, chunk_states, valid, header, record_size, magic, block, chunk): the "
-     "shard's disk-tier file, read here while ``direct`` is set"},
+     "publish_file(fd, records_fd, size, data_at, chunk_states, valid, header, record_size, magic, block, "
+     "chunk): the shard's disk-tier file, read here while ``direct`` is set"},
     {"withdraw_file", (PyCFunction)slot_withdraw_file, METH_NOARGS,
      "stop reading the file; returns once no reader uses its descriptor"},
     {"publish", (PyCFunction)slot_publish, METH_VARARGS,
@@ -976,10 +1005,11 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     }
     if (len && t->shard_raw[shard] && slot && atomic_load(&slot->direct)) {
         const char *bytes;
-        char *blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes);
+        size_t room = 0;
+        char *blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes, &room);
         if (blocks) {
             fuse_reply_buf(req, bytes, len);
-            free(blocks);
+            file_buffer_done(blocks, room);
             atomic_fetch_add_explicit(&slot->disk_hits, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&s->disk_reads.n, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&slot->disk_bytes, len, memory_order_relaxed);

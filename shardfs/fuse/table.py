@@ -29,6 +29,7 @@ class Slots:
 
     def __init__(self):
         self._slots: dict[Shard, _lowlevel.Slot] = {}
+        self._direct_fds: dict[Shard, int] = {}
         self._lock = threading.Lock()
 
     def slot(self, shard: Shard) -> _lowlevel.Slot:
@@ -60,14 +61,31 @@ class Slots:
         self.slot(shard).direct = refused
 
     def on_disk(self, shard: Shard, file: tierfile.TierFile, states: bytearray, valid: int) -> None:
-        self.slot(shard).publish_file(file.fd, file.size, file.data_at, states, valid, tierfile.HEADER,
+        # Our own descriptor, with O_DIRECT where the filesystem has it: the bytes go from the disk
+        # straight into the reply buffer, not also into the page cache (the mounted file's pages
+        # hold them after the reply: twice would be one copy and one page of memory too many).
+        try:
+            fd = os.open(file.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError:
+            fd = os.open(file.path, os.O_RDONLY | os.O_CLOEXEC)
+        with self._lock:
+            old = self._direct_fds.pop(shard, None)
+        self.slot(shard).publish_file(fd, file.fd, file.size, file.data_at, states, valid, tierfile.HEADER,
                                       tierfile.RECORD.size, tierfile.RECORD_MAGIC, tierfile.BLOCK, tierfile.CHUNK)
+        with self._lock:
+            self._direct_fds[shard] = fd
+        if old is not None:
+            os.close(old)
 
     def off_disk(self, shard: Shard) -> None:
         with self._lock:
             found = self._slots.get(shard)
         if found is not None:
-            found.withdraw_file()
+            found.withdraw_file()  # no reader uses the descriptor after this
+        with self._lock:
+            fd = self._direct_fds.pop(shard, None)
+        if fd is not None:
+            os.close(fd)
 
     def disk_hits(self) -> tuple[int, int]:
         """(reads, bytes) answered from disk-tier files."""

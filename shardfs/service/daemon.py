@@ -47,6 +47,16 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _fixed_mmap_threshold() -> None:
+    """Large buffers (storage runs of 8 MiB, large replies) are mapped and unmapped, never kept:
+    glibc would otherwise raise its mmap threshold after the first such free, and from then on
+    keep freed megabytes in each worker thread's arena (measured: ~70 MB over the cache budget)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD: fixed, not dynamic
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
 def _return_freed_memory() -> None:
     """Merging the indexes leaves ~40 B/member of freed heap that glibc keeps (measured at 1M
     members: RSS 156 -> 128 MB after this); give it back before serving for hours."""
@@ -110,6 +120,7 @@ class Daemon:
         from shardfs.fuse.table import Slots
 
         _raise_fd_limit()
+        _fixed_mmap_threshold()
         opts = self.opts
         watchdog = self.notifier.watchdog_s
         if watchdog and watchdog < 2 * deadline.TIMEOUT:
