@@ -267,9 +267,9 @@ static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, 
     if (got < end - begin)
         goto done; /* short: the shard ends inside the last block, or the file is damaged */
     int64_t have = begin + got;
-    uint32_t record[1 + 64];
+    uint32_t record[1 + 256];
     int64_t per_chunk = s->fchunk / s->block;
-    if (per_chunk > 64)
+    if (per_chunk > 256)
         goto done;
     for (int64_t c = first_chunk; c <= last_chunk; c++) {
         if (pread(s->records_fd, record, (size_t)s->record_size, s->header + c * s->record_size) != s->record_size ||
