@@ -32,6 +32,9 @@ class Server:
         """Serve ``view`` from now on (a rescan): the kernel forgets the listings and attributes
         it cached of every directory of the old and the new view."""
         old = self.ops.view
+        for shard in view.shards:
+            if shard.broken:
+                self.slots.forget(shard)
         self.session.set_table(table.build(view, self.slots))
         self.ops.view = view
         failed = self.session.invalidate(sorted(set(table.directory_inos(old)) | set(table.directory_inos(view))))

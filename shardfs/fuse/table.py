@@ -87,6 +87,15 @@ class Slots:
         if fd is not None:
             os.close(fd)
 
+    def forget(self, shard: Shard) -> None:
+        """A broken shard (changed or gone): its reads go to Python, which answers EIO."""
+        with self._lock:
+            found = self._slots.get(shard)
+        if found is not None:
+            found.direct = False
+            found.withdraw()
+        self.off_disk(shard)
+
     def disk_hits(self) -> tuple[int, int]:
         """(reads, bytes) answered from disk-tier files."""
         with self._lock:
