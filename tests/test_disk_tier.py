@@ -2,6 +2,7 @@
 wrong bytes (flipped bytes on local disk, a changed shard, a full disk, a daemon killed mid-fill),
 remote shards too. Every read is checked by sha256 against the source."""
 
+import errno
 import hashlib
 import io
 import json
@@ -362,3 +363,29 @@ def test_a_tier_smaller_than_the_dataset_stays_bounded_and_never_thrashes(shards
     assert 0 < kept <= bound and m.stats()["disk"]["shards_refused"] > 0
     read_all(m.path, digests, seed=1)
     assert storage_bytes(m) - first <= total - kept + 0.05 * total  # the tier's part came from local disk
+
+
+def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path, mount):
+    """Reads of a refused shard come from its tier file in C; once a rescan finds the source
+    changed, they must reach Python and answer EIO, never the old bytes."""
+    src = tmp_path / "shards"
+    first = write_shards(src, seed=1, shards=2, members=6)
+    tier = tmp_path / "tier"
+    m = mount(src, options=options(tier, SMALL_RAM))
+    read_all(m.path, first)
+    wait_filled(tier, tar_bytes(src))
+    read_all(m.path, first, seed=1)
+    assert m.stats()["reads_in_c_from_disk"] > 0
+    write_shards(src, seed=2, shards=2, members=6)  # same names, other bytes, both shards
+    os.kill(m.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while m.stats()["shards_broken"] < 2:
+        assert time.monotonic() < deadline, m.stats()
+        time.sleep(0.1)
+    for name in first:
+        path = os.path.join(m.path, name)
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            with pytest.raises(OSError) as exc:
+                f.read()
+        assert exc.value.errno == errno.EIO, name
