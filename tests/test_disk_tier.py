@@ -201,14 +201,20 @@ def test_a_changed_shard_is_dropped_from_the_tier(shards, mount, tmp_path):
     assert len(now) == 4
 
 
-def test_rewritten_in_place_with_the_same_names(tmp_path, mount):
-    """A shard rewritten with other bytes under the same member names: the tier must not serve old bytes."""
+def two_shards_in_the_tier(tmp_path, mount):
+    """Two small shards (RAM refuses them), mounted, every file read once and the tier filled."""
     src = tmp_path / "shards"
     first = write_shards(src, seed=1, shards=2, members=6)
     tier = tmp_path / "tier"
     m = mount(src, options=options(tier, SMALL_RAM))
     read_all(m.path, first)
     wait_filled(tier, tar_bytes(src))
+    return src, first, tier, m
+
+
+def test_rewritten_in_place_with_the_same_names(tmp_path, mount):
+    """A shard rewritten with other bytes under the same member names: the tier must not serve old bytes."""
+    src, first, tier, m = two_shards_in_the_tier(tmp_path, mount)
     assert shardfs_cmd("umount", m.path).returncode == 0
     second = write_shards(src, seed=2, shards=2, members=6)
     assert second != first
@@ -368,12 +374,7 @@ def test_a_tier_smaller_than_the_dataset_stays_bounded_and_never_thrashes(shards
 def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path, mount):
     """Reads of a refused shard come from its tier file in C; once a rescan finds the source
     changed, they must reach Python and answer EIO, never the old bytes."""
-    src = tmp_path / "shards"
-    first = write_shards(src, seed=1, shards=2, members=6)
-    tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, SMALL_RAM))
-    read_all(m.path, first)
-    wait_filled(tier, tar_bytes(src))
+    src, first, tier, m = two_shards_in_the_tier(tmp_path, mount)
     read_all(m.path, first, seed=1)
     assert m.stats()["reads_in_c_from_disk"] > 0
     write_shards(src, seed=2, shards=2, members=6)  # same names, other bytes, both shards

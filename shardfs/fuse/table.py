@@ -39,18 +39,20 @@ class Slots:
                 found = self._slots[shard] = _lowlevel.Slot()
             return found
 
+    def _known(self, shard: Shard) -> _lowlevel.Slot | None:
+        with self._lock:
+            return self._slots.get(shard)
+
     def resident(self, shard: Shard, buf, size: int, states: bytearray, chunk: int) -> None:
         self.slot(shard).publish(buf, size, states, chunk)
 
     def gone(self, shard: Shard) -> None:
-        with self._lock:
-            found = self._slots.get(shard)
+        found = self._known(shard)
         if found is not None:
             found.withdraw()  # returns once no reader copies from the buffer
 
     def last_used(self, shard: Shard) -> float:
-        with self._lock:
-            found = self._slots.get(shard)
+        found = self._known(shard)
         return found.last_used if found is not None else 0.0
 
     def hits(self) -> int:
@@ -78,8 +80,7 @@ class Slots:
             os.close(old)
 
     def off_disk(self, shard: Shard) -> None:
-        with self._lock:
-            found = self._slots.get(shard)
+        found = self._known(shard)
         if found is not None:
             found.withdraw_file()  # no reader uses the descriptor after this
         with self._lock:
@@ -89,8 +90,7 @@ class Slots:
 
     def forget(self, shard: Shard) -> None:
         """A broken shard (changed or gone): its reads go to Python, which answers EIO."""
-        with self._lock:
-            found = self._slots.get(shard)
+        found = self._known(shard)
         if found is not None:
             found.direct = False
             found.withdraw()
