@@ -52,6 +52,7 @@ typedef struct {
     _Atomic int fd; /* the data, O_DIRECT where possible; -1 while nothing is published */
     int records_fd; /* the chunk records (small unaligned reads: never O_DIRECT) */
     _Atomic int direct;
+    _Atomic int no_o_direct; /* the filesystem took the O_DIRECT open but refuses its reads */
     const uint8_t *fstate; /* chunk states of the disk tier */
     Py_buffer fstatebuf;
     int fpublished;
@@ -120,6 +121,7 @@ static PyObject *slot_publish_file(Slot *s, PyObject *args) {
     s->magic = magic;
     s->block = block;
     s->fchunk = chunk;
+    atomic_store(&s->no_o_direct, 0);
     s->fpublished = 1;
     atomic_store(&s->fd, fd);
     Py_RETURN_NONE;
@@ -261,7 +263,13 @@ static char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, 
     blocks = file_buffer(*room);
     if (blocks == NULL)
         goto done;
+    if (atomic_load(&s->no_o_direct))
+        fd = s->records_fd;
     ssize_t got = pread(fd, blocks, *room, s->data_at + begin);
+    if (got < 0 && errno == EINVAL && fd != s->records_fd) { /* as storage.local does: buffered then */
+        atomic_store(&s->no_o_direct, 1);
+        got = pread(s->records_fd, blocks, *room, s->data_at + begin);
+    }
     if (got > stop - begin)
         got = stop - begin;
     if (got < end - begin)
