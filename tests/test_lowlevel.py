@@ -132,3 +132,54 @@ def test_refused_shards_are_read_from_the_disk_tier_in_c(tar_shards, sample_tree
     stats = m.stats()
     assert stats["reads_in_c_from_disk"] >= len(files)
     assert stats["disk"]["hits"] >= len(files)
+
+
+def _loaded(m, shards) -> None:
+    """Waits until every shard is in the RAM cache (--prefetch all)."""
+    total = sum(f.stat().st_size for f in shards.glob("*.tar"))
+    deadline = time.monotonic() + 60
+    while m.stats()["cache"]["storage_bytes_read"] < total:
+        assert time.monotonic() < deadline, m.stats()["cache"]
+        time.sleep(0.05)
+
+
+def _relpaths(tree: str) -> list[str]:
+    return [os.path.relpath(p, tree) for p in _walk(tree)]
+
+
+def test_a_file_looked_up_then_opened_gets_its_bytes_with_the_isatty_answer(tar_shards, sample_tree, mount):
+    m = mount(tar_shards, options=("--prefetch", "all", "--cache-size", "1G"))
+    _loaded(m, tar_shards)
+    before = m.stats()
+    names = _relpaths(sample_tree)  # never listed: each open() looks its name up, a new inode
+    for rel in names:
+        with open(os.path.join(m.path, rel), "rb") as f:  # as pil_loader: isatty, then the read
+            assert hashlib.sha256(f.read()).hexdigest() == _sha(os.path.join(sample_tree, rel))
+    after = m.stats()
+    assert after["pushed_with_open"] - before.get("pushed_with_open", 0) == len(names)
+    assert after["push_failures"] == 0
+    # the kernel read them from its page cache: no READ request reached the daemon
+    assert after["fuse_ops"].get("read", 0) == before["fuse_ops"].get("read", 0)
+
+
+def test_without_a_lookup_or_with_pushes_off_reads_are_requests(tar_shards, sample_tree, mount, monkeypatch):
+    m = mount(tar_shards, options=("--prefetch", "all", "--cache-size", "1G"))
+    _loaded(m, tar_shards)
+    names = _relpaths(sample_tree)
+    for rel in names:  # os.open: no isatty, so nothing is pushed; the READ brings the bytes
+        fd = os.open(os.path.join(m.path, rel), os.O_RDONLY)
+        os.read(fd, 1 << 20)
+        os.close(fd)
+    for rel in names:  # read since the lookup: the pages are there, nothing is pushed
+        with open(os.path.join(m.path, rel), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == _sha(os.path.join(sample_tree, rel))
+    stats = m.stats()
+    assert stats["fuse_ops"]["read"] >= len(names) and stats["pushed_with_open"] == 0
+    monkeypatch.setenv("SHARDFS_PUSH_ON_OPEN", "0")
+    off = mount(tar_shards, options=("--prefetch", "all", "--cache-size", "1G"), name="off")
+    _loaded(off, tar_shards)
+    for rel in names:
+        with open(os.path.join(off.path, rel), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == _sha(os.path.join(sample_tree, rel))
+    stats = off.stats()
+    assert stats["pushed_with_open"] == 0 and stats["fuse_ops"]["read"] >= len(names)

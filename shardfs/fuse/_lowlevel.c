@@ -654,6 +654,11 @@ enum {
 static const char *OP_NAMES[OP_COUNT] = {"lookup", "getattr", "opendir", "readdir", "read", "ioctl",
                                          "statfs", "getxattr", "listxattr", "readlink", "forget", "erofs"};
 
+/* Pushing a member's bytes (push_member): at most this many, and remembered for this many
+ * lookups in flight; a lookup forgotten here only means a READ request later. */
+#define PUSH_MAX (256 << 10)
+#define FRESH_SLOTS 4096
+
 typedef struct {
     _Atomic uint64_t n;
     char pad[56]; /* one cache line each: the two cores do not fight over one line */
@@ -669,6 +674,9 @@ typedef struct {
     Counter counts[OP_COUNT];
     Counter fast_bytes; /* bytes of reads answered here (Python counts the others) */
     Counter ram_reads, disk_reads; /* reads answered here from the RAM cache, from the disk tier */
+    Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
+    int push;
+    _Atomic uint64_t fresh[FRESH_SLOTS]; /* inodes of members looked up since (direct-mapped) */
 } Session;
 
 #define COUNT(s, op) atomic_fetch_add_explicit(&(s)->counts[op].n, 1, memory_order_relaxed)
@@ -806,6 +814,14 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn) {
     PyGILState_Release(g);
 }
 
+/* A regular file small enough to push (push_member). */
+static int pushable(const Table *t, uint32_t n) {
+    if (n < t->ndirs)
+        return 0;
+    uint32_t m = n - t->ndirs;
+    return t->kind[m] != t->symlink_kind && t->size[m] > 0 && t->size[m] <= PUSH_MAX;
+}
+
 static void entry_of(Session *s, Table *t, uint32_t n, struct fuse_entry_param *e) {
     memset(e, 0, sizeof *e);
     e->ino = t->ino[n];
@@ -830,6 +846,8 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     int64_t n = find_child(t, (uint32_t)d, name);
     if (n >= 0) {
         entry_of(s, t, (uint32_t)n, &e);
+        if (s->push && pushable(t, (uint32_t)n))
+            atomic_store_explicit(&s->fresh[e.ino % FRESH_SLOTS], e.ino, memory_order_relaxed);
     } else { /* a negative entry, cached for a while: names tried in vain cost nothing */
         memset(&e, 0, sizeof e);
         e.entry_timeout = s->negative_timeout;
@@ -981,6 +999,52 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
     PyGILState_Release(g);
 }
 
+/* Whether ino was looked up since its last read or push; it is not any more. */
+static int forget_fresh(Session *s, fuse_ino_t ino) {
+    _Atomic uint64_t *fresh = &s->fresh[ino % FRESH_SLOTS];
+    uint64_t expected = ino;
+    return atomic_load_explicit(fresh, memory_order_relaxed) == ino && atomic_compare_exchange_strong(fresh, &expected, 0);
+}
+
+/* Bytes of a member answered without Python: pinned in the RAM cache, or read from the disk
+ * tier into a buffer. fast_bytes fills one of these; fast_done releases it and counts it. */
+typedef struct {
+    Slot *slot;
+    char *blocks; /* the disk tier's buffer, NULL for RAM */
+    size_t room;
+} Fast;
+
+static const char *fast_bytes(const Table *t, uint32_t m, int64_t off, size_t len, Fast *f) {
+    uint32_t shard = t->shard[m];
+    Slot *slot = f->slot = t->slots[shard];
+    f->blocks = NULL;
+    f->room = 0;
+    if (!len || !t->shard_raw[shard] || !slot)
+        return NULL;
+    const char *bytes = slot_pin(slot, t->offset[m] + off, len);
+    if (bytes || !atomic_load(&slot->direct))
+        return bytes;
+    f->blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes, &f->room);
+    return f->blocks ? bytes : NULL;
+}
+
+/* served: the bytes went out as the answer to this READ (ram/disk reads), or else by a push */
+static void fast_done(Session *s, Fast *f, size_t len, Counter *served) {
+    Slot *slot = f->slot;
+    if (f->blocks) {
+        file_buffer_done(f->blocks, f->room);
+        atomic_fetch_add_explicit(&slot->disk_hits, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&slot->disk_bytes, len, memory_order_relaxed);
+    } else {
+        atomic_fetch_sub(&slot->pins, 1);
+        atomic_fetch_add_explicit(&slot->hits, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(served ? &served->n : f->blocks ? &s->disk_reads.n : &s->ram_reads.n, 1,
+                              memory_order_relaxed);
+    atomic_store_explicit(&slot->used_ns, now_ns(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->fast_bytes.n, len, memory_order_relaxed);
+}
+
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
     Session *s = session_of(req);
     Table *t;
@@ -995,47 +1059,51 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     uint32_t m = (uint32_t)n - t->ndirs;
     int64_t left = t->size[m] - off;
     size_t len = left <= 0 ? 0 : (size_t)left < size ? (size_t)left : size;
-    uint32_t shard = t->shard[m];
-    Slot *slot = t->slots[shard];
-    if (len && t->shard_raw[shard] && slot) {
-        const char *bytes = slot_pin(slot, t->offset[m] + off, len);
-        if (bytes) {
-            fuse_reply_buf(req, bytes, len);
-            atomic_fetch_sub(&slot->pins, 1);
-            atomic_fetch_add_explicit(&s->ram_reads.n, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&slot->hits, 1, memory_order_relaxed);
-            atomic_store_explicit(&slot->used_ns, now_ns(), memory_order_relaxed);
-            COUNT(s, OP_READ);
-            atomic_fetch_add_explicit(&s->fast_bytes.n, len, memory_order_relaxed);
-            table_leave(t);
-            return;
-        }
-    }
-    if (len && t->shard_raw[shard] && slot && atomic_load(&slot->direct)) {
-        const char *bytes;
-        size_t room = 0;
-        char *blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes, &room);
-        if (blocks) {
-            fuse_reply_buf(req, bytes, len);
-            file_buffer_done(blocks, room);
-            atomic_fetch_add_explicit(&slot->disk_hits, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&s->disk_reads.n, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&slot->disk_bytes, len, memory_order_relaxed);
-            COUNT(s, OP_READ);
-            atomic_fetch_add_explicit(&s->fast_bytes.n, len, memory_order_relaxed);
-            table_leave(t);
-            return;
-        }
+    forget_fresh(s, ino); /* read without an open(): its pages are filling, no push later */
+    Fast f;
+    const char *bytes = fast_bytes(t, m, off, len, &f);
+    if (bytes) {
+        fuse_reply_buf(req, bytes, len);
+        fast_done(s, &f, len, NULL);
+        COUNT(s, OP_READ);
+        table_leave(t);
+        return;
     }
     /* Python counts the reads it serves (and their errors) itself. */
     read_in_python(s, req, t, (uint32_t)n, size, off);
     table_leave(t);
 }
 
+/* A member looked up just now has a new inode in the kernel, so no cached pages: the first
+ * thing Python's open() does with it is the isatty ioctl, and the read comes right after. If
+ * its bytes are at hand, they go into the kernel's page cache with that ioctl's answer
+ * (FUSE_NOTIFY_STORE), and the read is answered by the kernel without a READ request.
+ * The lookup cannot carry them itself: the inode exists only once the reply is processed. */
+static void push_member(Session *s, fuse_ino_t ino) {
+    Table *t = table_enter(s);
+    int64_t n = resolve(t, ino);
+    if (n >= 0 && pushable(t, (uint32_t)n)) {
+        uint32_t m = (uint32_t)n - t->ndirs;
+        size_t len = (size_t)t->size[m];
+        Fast f;
+        const char *bytes = fast_bytes(t, m, 0, len, &f);
+        if (bytes) {
+            struct fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
+            bv.buf[0].mem = (void *)bytes;
+            int rc = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0);
+            fast_done(s, &f, rc == 0 ? len : 0, rc == 0 ? &s->pushes : &s->push_failures);
+        }
+    }
+    table_leave(t);
+}
+
 static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg, struct fuse_file_info *fi,
                      unsigned flags, const void *in_buf, size_t in_bufsz, size_t out_bufsz) {
     /* Every Python open() asks isatty() (TCGETS): "not a terminal", without leaving C. */
-    COUNT(session_of(req), OP_IOCTL);
+    Session *s = session_of(req);
+    COUNT(s, OP_IOCTL);
+    if (forget_fresh(s, ino))
+        push_member(s, ino);
     fuse_reply_err(req, ENOTTY);
 }
 
@@ -1224,9 +1292,11 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     Table *table;
     const char *mountpoint, *options;
     double entry_timeout, negative_timeout;
-    static char *kwlist[] = {"ops", "table", "mountpoint", "options", "entry_timeout", "negative_timeout", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd", kwlist, &ops, &TableType, &table, &mountpoint,
-                                     &options, &entry_timeout, &negative_timeout))
+    int push = 1;
+    static char *kwlist[] = {"ops", "table", "mountpoint", "options", "entry_timeout", "negative_timeout", "push",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|p", kwlist, &ops, &TableType, &table, &mountpoint,
+                                     &options, &entry_timeout, &negative_timeout, &push))
         return -1;
     if (s->se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Session is set up once");
@@ -1238,6 +1308,7 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     atomic_store(&s->table, table);
     s->entry_timeout = entry_timeout;
     s->negative_timeout = negative_timeout;
+    s->push = push;
     char *argv[] = {"shardfs", "-o", (char *)options, NULL};
     struct fuse_args fargs = FUSE_ARGS_INIT(3, argv);
     s->se = fuse_session_new(&fargs, &LL_OPS, sizeof LL_OPS, s);
@@ -1342,10 +1413,12 @@ static PyObject *session_counts(Session *s, PyObject *unused) {
         }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{s:N,s:K,s:K,s:K}", "fuse_ops", ops, "bytes_served",
+    return Py_BuildValue("{s:N,s:K,s:K,s:K,s:K,s:K}", "fuse_ops", ops, "bytes_served",
                          (unsigned long long)atomic_load(&s->fast_bytes.n), "reads_in_c_from_ram",
                          (unsigned long long)atomic_load(&s->ram_reads.n), "reads_in_c_from_disk",
-                         (unsigned long long)atomic_load(&s->disk_reads.n));
+                         (unsigned long long)atomic_load(&s->disk_reads.n), "pushed_with_open",
+                         (unsigned long long)atomic_load(&s->pushes.n), "push_failures",
+                         (unsigned long long)atomic_load(&s->push_failures.n));
 }
 
 static PyObject *session_exit(Session *s, PyObject *unused) {
@@ -1380,7 +1453,8 @@ static PyTypeObject SessionType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Session",
     .tp_basicsize = sizeof(Session),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout): a mounted FUSE session.",
+    .tp_doc = "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout, push=True): a mounted FUSE "
+              "session; push: a member looked up is put in the page cache with the isatty of its open()",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)session_init,
     .tp_dealloc = (destructor)session_dealloc,

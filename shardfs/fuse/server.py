@@ -4,6 +4,7 @@ per-file requests from the view's table and handing misses and control to the op
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 from shardfs.fuse import _lowlevel, table
@@ -18,8 +19,11 @@ class Server:
         """Mounts at once (``options`` as for mount -o); ``loop`` then serves until unmounted."""
         self.ops, self.slots = ops, slots
         ops.stats.add_source(self.counts)
+        # SHARDFS_PUSH_ON_OPEN=0 turns off putting a member looked up just now in the page cache with
+        # the isatty of its open() (see _lowlevel.c, push_member): for comparisons.
+        push = os.environ.get("SHARDFS_PUSH_ON_OPEN", "1") != "0"
         self.session = _lowlevel.Session(ops, table.build(ops.view, slots), mountpoint, ",".join(options),
-                                         TIMEOUT, NEGATIVE_TIMEOUT)
+                                         TIMEOUT, NEGATIVE_TIMEOUT, push=push)
 
     def loop(self, max_threads: int, max_idle_threads: int) -> int:
         """Serve until unmounted (0) or stopped by SIGTERM/SIGINT (the signal's number)."""
