@@ -1,4 +1,4 @@
-"""The compiled request loop (shardfs/fuse/_lowlevel.c), built against libfuse3 by pip install."""
+"""The compiled request loop (shardfs/fuse/lowlevel/*.c), built against libfuse3 by pip install."""
 
 import shlex
 import subprocess
@@ -16,7 +16,8 @@ def pkg_config(*args: str) -> list[str]:
 
 setup(ext_modules=[Extension(
     "shardfs.fuse._lowlevel",
-    sources=["shardfs/fuse/_lowlevel.c"],
+    sources=[f"shardfs/fuse/lowlevel/{name}.c" for name in ("slot", "table", "requests", "session")],
+    depends=["shardfs/fuse/lowlevel/lowlevel.h"],
     extra_compile_args=pkg_config("--cflags") + ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
     extra_link_args=pkg_config("--libs") + ["-lz"],  # zlib: crc32, as tierfile writes it
 )])

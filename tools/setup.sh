@@ -9,7 +9,7 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 
     || ! command -v bsdtar >/dev/null || ! pkg-config --exists fuse3 2>/dev/null || ! command -v gcc >/dev/null; then
     apt-get update -qq
     # fuse3/libfuse3-3: the mount; libfuse3-dev/pkg-config/gcc/python3-dev: pip builds the compiled
-    # request loop (shardfs/fuse/_lowlevel.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
+    # request loop (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
     apt-get install -y -qq fuse3 libfuse3-3 libfuse3-dev pkg-config gcc python3-dev tar attr squashfuse squashfs-tools nginx libarchive-tools >/dev/null

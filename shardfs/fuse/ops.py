@@ -1,5 +1,5 @@
 """The Python half of the FUSE operations (fusepy's API, paths as libfuse gives them): reads
-the compiled loop (``server``, ``_lowlevel.c``) cannot answer from the RAM cache, symlinks,
+the compiled loop (``server``, ``lowlevel/*.c``) cannot answer from the RAM cache, symlinks,
 xattrs (the figures through an xattr of the root), and the mount's start and end. Lookups,
 attributes, listings, ioctl, statfs and every write (EROFS) are answered in C.
 """

@@ -20,7 +20,7 @@ class Server:
         self.ops, self.slots = ops, slots
         ops.stats.add_source(self.counts)
         # SHARDFS_PUSH_ON_OPEN=0 turns off putting a member looked up just now in the page cache with
-        # the isatty of its open() (see _lowlevel.c, push_member): for comparisons.
+        # the isatty of its open() (see lowlevel/requests.c, push_member): for comparisons.
         push = os.environ.get("SHARDFS_PUSH_ON_OPEN", "1") != "0"
         self.session = _lowlevel.Session(ops, table.build(ops.view, slots), mountpoint, ",".join(options),
                                          TIMEOUT, NEGATIVE_TIMEOUT, push=push)

@@ -1,0 +1,283 @@
+/* Table: one view of the dataset as the request loop answers from it: the arrays of
+ * shardfs.view.tree, lookups (a binary search by name among a directory's children), and
+ * attributes. */
+#include "lowlevel.h"
+
+void node_path(const Table *t, uint32_t n, const char **p, size_t *len) {
+    if (n < t->ndirs) {
+        int64_t start = n ? t->dir_name_end[n - 1] : 0;
+        *p = t->dir_names + start;
+        *len = (size_t)(t->dir_name_end[n] - start);
+    } else {
+        uint32_t m = n - t->ndirs;
+        int64_t start = m ? t->name_end[m - 1] : 0;
+        *p = t->names + start;
+        *len = (size_t)(t->name_end[m] - start);
+    }
+}
+
+void base_name(const Table *t, uint32_t n, const char **p, size_t *len) {
+    const char *path;
+    size_t plen;
+    node_path(t, n, &path, &plen);
+    const char *slash = plen ? memrchr(path, '/', plen) : NULL;
+    *p = slash ? slash + 1 : path;
+    *len = plen - (size_t)(*p - path);
+}
+
+static int compare_names(const char *a, size_t alen, const char *b, size_t blen) {
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    return c ? c : (alen > blen) - (alen < blen);
+}
+
+static int compare_children(const void *x, const void *y, void *table) {
+    const char *a, *b;
+    size_t alen, blen;
+    base_name(table, *(const uint32_t *)x, &a, &alen);
+    base_name(table, *(const uint32_t *)y, &b, &blen);
+    return compare_names(a, alen, b, blen);
+}
+
+/* The node of an inode number, or -1. */
+int64_t resolve(const Table *t, fuse_ino_t ino) {
+    if (ino == FUSE_ROOT_ID)
+        return 0;
+    uint32_t lo = 0, hi = t->nsorted;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t->by_ino[mid] < ino)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < t->nsorted && t->by_ino[lo] == ino ? (int64_t)t->by_ino_node[lo] : -1;
+}
+
+/* The child of directory d called name, or -1. */
+int64_t find_child(const Table *t, uint32_t d, const char *name) {
+    size_t len = strlen(name);
+    uint32_t lo = t->child_start[d], hi = t->child_start[d + 1];
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const char *b;
+        size_t blen;
+        base_name(t, t->children[mid], &b, &blen);
+        int c = compare_names(b, blen, name, len);
+        if (c == 0)
+            return t->children[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+void fill_stat(const Table *t, uint32_t n, struct stat *st) {
+    memset(st, 0, sizeof *st);
+    st->st_ino = t->ino[n];
+    st->st_uid = t->uid;
+    st->st_gid = t->gid;
+    int64_t mtime_ns;
+    if (n < t->ndirs) {
+        st->st_mode = S_IFDIR | t->dir_mode[n];
+        st->st_nlink = t->dir_nlink[n];
+        st->st_size = 4096;
+        st->st_blocks = 8;
+        mtime_ns = t->dir_mtime_ns[n];
+    } else {
+        uint32_t m = n - t->ndirs;
+        st->st_mode = (t->kind[m] == t->symlink_kind ? S_IFLNK : S_IFREG) | t->mode[m];
+        st->st_nlink = 1;
+        st->st_size = t->size[m];
+        st->st_blocks = (t->size[m] + 511) / 512;
+        mtime_ns = (int64_t)(t->mtime[m] * 1e9);
+    }
+    st->st_mtim.tv_sec = mtime_ns / 1000000000;
+    st->st_mtim.tv_nsec = mtime_ns % 1000000000;
+    if (st->st_mtim.tv_nsec < 0) {
+        st->st_mtim.tv_sec -= 1;
+        st->st_mtim.tv_nsec += 1000000000;
+    }
+    st->st_atim = st->st_ctim = st->st_mtim;
+}
+
+/* Fields: (name, address of the pointer, element size). Each array must hold count elements. */
+static int take_array(PyObject *arrays, const char *name, const void **out, Py_ssize_t itemsize,
+                      Py_ssize_t count, PyObject *keep) {
+    PyObject *obj = PyDict_GetItemString(arrays, name);
+    if (obj == NULL) {
+        PyErr_Format(PyExc_KeyError, "table array %s missing", name);
+        return -1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view.len != count * itemsize) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "table array %s: %zd bytes, expected %zd", name, view.len, count * itemsize);
+        return -1;
+    }
+    *out = view.buf;
+    /* The object stays referenced in keep (a list) for the table's life: its memory stays put.
+     * Without keep, *out is good until the caller returns (it copies the array). */
+    int rc = keep ? PyList_Append(keep, obj) : 0;
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+static int table_init(Table *t, PyObject *args, PyObject *kwds) {
+    PyObject *arrays, *view, *slots;
+    unsigned int ndirs, nmembers, nshards, nsorted, symlink_kind, uid, gid;
+    unsigned long long files, total;
+    static char *kwlist[] = {"arrays", "view", "slots", "ndirs", "nmembers", "nsorted", "symlink_kind",
+                             "uid", "gid", "files", "total_size", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!IIIIIIKK", kwlist, &PyDict_Type, &arrays, &view,
+                                     &PyTuple_Type, &slots, &ndirs, &nmembers, &nsorted, &symlink_kind, &uid,
+                                     &gid, &files, &total))
+        return -1;
+    if (ndirs == 0) {
+        PyErr_SetString(PyExc_ValueError, "a table has at least the root directory");
+        return -1;
+    }
+    nshards = (unsigned int)PyTuple_GET_SIZE(slots);
+    t->keep = PyList_New(0);
+    if (t->keep == NULL)
+        return -1;
+    PyObject *dir_names = PyDict_GetItemString(arrays, "dir_names");
+    PyObject *names = PyDict_GetItemString(arrays, "names");
+    if (dir_names == NULL || names == NULL || !PyBytes_Check(dir_names) || !PyBytes_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "dir_names and names must be bytes");
+        return -1;
+    }
+    if (PyList_Append(t->keep, dir_names) < 0 || PyList_Append(t->keep, names) < 0)
+        return -1;
+    t->dir_names = PyBytes_AS_STRING(dir_names);
+    t->names = PyBytes_AS_STRING(names);
+    Py_ssize_t nn = (Py_ssize_t)ndirs + nmembers;
+    const void *children;
+    if (take_array(arrays, "ino", (const void **)&t->ino, 8, nn, t->keep) < 0 ||
+        take_array(arrays, "by_ino", (const void **)&t->by_ino, 8, nsorted, t->keep) < 0 ||
+        take_array(arrays, "by_ino_node", (const void **)&t->by_ino_node, 4, nsorted, t->keep) < 0 ||
+        take_array(arrays, "dir_name_end", (const void **)&t->dir_name_end, 8, ndirs, t->keep) < 0 ||
+        take_array(arrays, "dir_mode", (const void **)&t->dir_mode, 4, ndirs, t->keep) < 0 ||
+        take_array(arrays, "dir_nlink", (const void **)&t->dir_nlink, 4, ndirs, t->keep) < 0 ||
+        take_array(arrays, "dir_mtime_ns", (const void **)&t->dir_mtime_ns, 8, ndirs, t->keep) < 0 ||
+        take_array(arrays, "dir_parent", (const void **)&t->dir_parent, 4, ndirs, t->keep) < 0 ||
+        take_array(arrays, "child_start", (const void **)&t->child_start, 4, ndirs + 1, t->keep) < 0 ||
+        take_array(arrays, "name_end", (const void **)&t->name_end, 8, nmembers, t->keep) < 0 ||
+        take_array(arrays, "size", (const void **)&t->size, 8, nmembers, t->keep) < 0 ||
+        take_array(arrays, "offset", (const void **)&t->offset, 8, nmembers, t->keep) < 0 ||
+        take_array(arrays, "shard", (const void **)&t->shard, 4, nmembers, t->keep) < 0 ||
+        take_array(arrays, "mode", (const void **)&t->mode, 2, nmembers, t->keep) < 0 ||
+        take_array(arrays, "kind", (const void **)&t->kind, 1, nmembers, t->keep) < 0 ||
+        take_array(arrays, "mtime", (const void **)&t->mtime, 8, nmembers, t->keep) < 0 ||
+        take_array(arrays, "shard_raw", (const void **)&t->shard_raw, 1, nshards, t->keep) < 0)
+        return -1;
+    uint32_t nchildren = t->child_start[ndirs];
+    if (take_array(arrays, "children", &children, 4, nchildren, NULL) < 0)
+        return -1;
+    if (t->dir_name_end[ndirs - 1] > PyBytes_GET_SIZE(dir_names) ||
+        (nmembers && t->name_end[nmembers - 1] > PyBytes_GET_SIZE(names))) {
+        PyErr_SetString(PyExc_ValueError, "name ends past the names");
+        return -1;
+    }
+    for (uint32_t i = 0; i < nchildren; i++) {
+        if (((const uint32_t *)children)[i] >= nn) {
+            PyErr_SetString(PyExc_ValueError, "a child is not a node");
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < nsorted; i++) {
+        if (t->by_ino_node[i] >= nn || (i && t->by_ino[i - 1] >= t->by_ino[i])) {
+            PyErr_SetString(PyExc_ValueError, "by_ino must be strictly ascending and name nodes");
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < nmembers; i++) {
+        if (t->shard[i] >= nshards) {
+            PyErr_SetString(PyExc_ValueError, "a member's shard is out of range");
+            return -1;
+        }
+    }
+    /* Our own sorted copy: lookups are a binary search by name within the directory. */
+    t->children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
+    t->slots = PyMem_Calloc(nshards ? nshards : 1, sizeof(Slot *));
+    if (t->children == NULL || t->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(t->children, children, nchildren * sizeof(uint32_t));
+    t->ndirs = ndirs;
+    t->nmembers = nmembers;
+    t->nshards = nshards;
+    t->nsorted = nsorted;
+    t->symlink_kind = symlink_kind;
+    t->uid = uid;
+    t->gid = gid;
+    t->files = files;
+    t->total_size = total;
+    Py_BEGIN_ALLOW_THREADS
+    for (uint32_t d = 0; d < ndirs; d++) {
+        uint32_t lo = t->child_start[d], hi = t->child_start[d + 1];
+        if (hi > lo + 1)
+            qsort_r(t->children + lo, hi - lo, sizeof(uint32_t), compare_children, t);
+    }
+    Py_END_ALLOW_THREADS
+    for (uint32_t s = 0; s < nshards; s++) {
+        PyObject *slot = PyTuple_GET_ITEM(slots, s);
+        if (slot == Py_None)
+            continue;
+        if (!PyObject_TypeCheck(slot, &SlotType)) {
+            PyErr_SetString(PyExc_TypeError, "slots holds Slot objects or None");
+            return -1;
+        }
+        Py_INCREF(slot);
+        t->slots[s] = (Slot *)slot;
+    }
+    Py_INCREF(view);
+    t->view = view;
+    return 0;
+}
+
+static PyObject *table_lookup(Table *t, PyObject *args) {
+    unsigned long long parent;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Ky", &parent, &name))
+        return NULL;
+    int64_t d = resolve(t, parent);
+    if (d < 0 || d >= t->ndirs)
+        Py_RETURN_NONE;
+    int64_t n = find_child(t, (uint32_t)d, name);
+    if (n < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(t->ino[n]);
+}
+
+static void table_dealloc(Table *t) {
+    if (t->slots) {
+        for (uint32_t s = 0; s < t->nshards; s++)
+            Py_XDECREF(t->slots[s]);
+        PyMem_Free(t->slots);
+    }
+    PyMem_Free(t->children);
+    Py_XDECREF(t->view);
+    Py_XDECREF(t->keep);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyMethodDef table_methods[] = {
+    {"lookup", (PyCFunction)table_lookup, METH_VARARGS,
+     "lookup(parent_ino, name) -> ino or None: the request loop's lookup, for tests"},
+    {NULL}};
+
+PyTypeObject TableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Table",
+    .tp_basicsize = sizeof(Table),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One view of the dataset as the request loop answers from it.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)table_init,
+    .tp_dealloc = (destructor)table_dealloc,
+    .tp_methods = table_methods,
+};
