@@ -9,8 +9,10 @@ Each figure is the median of --rounds rounds (spread: min-max of the round media
 * ``stat_cold``: ``os.stat`` of every file after ``drop_caches 3`` (one LOOKUP each);
 * ``list_fresh`` / ``list_warm``: an ImageFolder-style listing (scandir of the root, sorted scandir of
   each folder) right after a remount and ``drop_caches 3``, then again; µs per entry;
-* ``tiny_cold``: open+read of every file after ``drop_caches 3`` with the shards in the daemon's RAM
-  cache (one LOOKUP and one READ each), and the daemon's CPU per file (/proc/PID/stat);
+* ``tiny_cold``: open+read (``buffering=0``) of every file after ``drop_caches 3`` with the shards in
+  the daemon's RAM cache (one LOOKUP and one READ each), and the daemon's CPU per file
+  (/proc/PID/stat, ``daemon_cpu_tiny_cold``); ``tiny_cold_open``: the same with ``open(p, 'rb')``
+  (a LOOKUP and the isatty ioctl, which brings the bytes along: no READ);
 * ``readers``: cached reads (page cache dropped with ``drop_caches 1``, shards in RAM) by 1 and 2
   reader processes, files/s, and the ratio.
 
@@ -152,12 +154,13 @@ def measure(root: str, daemon_pid, remount, rounds: int, sample: int) -> dict[st
         random.Random(1).shuffle(paths)
         for p in paths:
             open_read(p)  # shards into the daemon's RAM cache
-        drop_caches(3)
         pid = daemon_pid()
-        cpu = cpu_seconds(pid) if pid else 0.0
-        add("tiny_cold", per_file(open_read_unbuf, paths))
-        if pid:
-            add("daemon_cpu_per_file", (cpu_seconds(pid) - cpu) * 1e6 / len(paths))
+        for key, read in (("tiny_cold", open_read_unbuf), ("tiny_cold_open", open_read)):
+            drop_caches(3)
+            cpu = cpu_seconds(pid) if pid else 0.0
+            add(key, per_file(read, paths))
+            if pid:
+                add(f"daemon_cpu_{key}", (cpu_seconds(pid) - cpu) * 1e6 / len(paths))
         drop_caches(3)
         add("stat_cold", per_file(os.stat, paths))
         few = paths[:sample]
