@@ -9,6 +9,7 @@ import pytest
 from benchlib import tables
 from benchlib.mounts import Mounts, process_alive
 from benchlib.readers import imagefolder_files, read_all
+from benchlib.rounds import read_pass, sample_paths
 
 from conftest import needs_fuse
 
@@ -25,6 +26,37 @@ def test_reader_pool_reads_every_byte(sample_tree, how):
     res = read_all(paths, readers=2, how=how, seed=1)
     assert (res["files"], res["errors"]) == (len(paths), 0)
     assert res["bytes"] == sum(os.path.getsize(p) for p in paths)
+
+
+def test_a_reader_pool_stops_at_its_budget_and_names_what_it_read(sample_tree):
+    paths = imagefolder_files(str(sample_tree / "train"))
+    whole = read_all(paths, readers=2, seed=1, budget_s=60)
+    assert (whole["files"], whole["budget_hit"]) == (len(paths), False) and "read" not in whole
+    cut = read_all(paths, readers=2, seed=1, budget_s=1e-9)
+    assert cut["budget_hit"] and len(cut["read"]) == cut["files"] < len(paths)
+    assert set(cut["read"]) <= set(paths)
+
+
+def test_the_sample_is_the_same_files_under_every_root(sample_tree, tmp_path):
+    """Every method lists the same sorted tree, so one seed picks the same files through each."""
+    paths = imagefolder_files(str(sample_tree / "train"))
+    elsewhere = [os.path.join(str(tmp_path), os.path.relpath(p, str(sample_tree))) for p in paths]
+    picked = sample_paths(paths, 10, seed=3)
+    assert len(set(picked)) == 10
+    assert [os.path.relpath(p, str(sample_tree)) for p in picked] == \
+        [os.path.relpath(p, str(tmp_path)) for p in sample_paths(elsewhere, 10, seed=3)]
+    assert sample_paths(paths, 0, seed=3) == paths == sample_paths(paths, 10_000, seed=3)
+
+
+def test_read_passes_of_a_round_read_its_sample_then_what_a_budget_left(sample_tree):
+    paths = imagefolder_files(str(sample_tree / "train"))
+    out = {"paths": paths, "readers": 2, "round": 0}
+    first = read_pass("open", 0, sample=20, sample_seed=5)(str(sample_tree), out)
+    assert (first["files"], first["of"], len(out["read_set"])) == (20, 20, 20)
+    sample = list(out["read_set"])
+    cut = read_pass("os", 1, sample=20, sample_seed=5, budget_s=1e-9)(str(sample_tree), out)
+    assert cut["budget_hit"] and cut["of"] == 20 and "read" not in cut
+    assert len(out["read_set"]) == cut["files"] and set(out["read_set"]) <= set(sample)
 
 
 def test_an_interrupted_reader_pool_ends_its_readers(tmp_path):
@@ -65,3 +97,4 @@ def test_targets_judge_ratios():
     assert tables.target("t", "m", None, 1, "<= 2")["result"] == "n/a"
     assert tables.absolute("t", "m", 20, "<= 25", " us")["result"] == "PASS"
     assert tables.cell([3, 1, 2], "{:.0f}", base=4) == "2 [1-3] 0.50x"
+    assert tables.cell([44], "{:.0f}", base=25105) == "44 0.0018x"  # not 0.00x

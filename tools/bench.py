@@ -43,11 +43,10 @@ import time
 
 import bench_dataset
 from benchlib import chart, machine, tables
-from benchlib.caches import drop_caches
 from benchlib.cli import REPO, run
 from benchlib.methods import Data, make_methods
 from benchlib.mounts import Mounts
-from benchlib.rounds import listing_pass, one_round, read_pass, rounds_used, run_rounds
+from benchlib.rounds import first_mounts, listing_pass, one_round, read_pass, rounds_used, run_rounds
 from benchlib.tables import median
 
 from shardfs.storage.memory import parse_size
@@ -135,28 +134,6 @@ def code_state() -> dict:
     dirty = run(["git", "-C", REPO, "status", "--porcelain", "--", "shardfs"]).stdout.split("\n")
     return {"commit": run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]).stdout.strip() or "?",
             "uncommitted": [ln[3:] for ln in dirty if ln.strip()], "digest": h.hexdigest()[:12]}
-
-
-def first_mounts(methods: dict, mounts: Mounts, skipped: dict) -> dict[str, float]:
-    """Each FUSE method mounted once with its indexes removed: what a first mount costs. A method
-    that cannot mount leaves the run (noted in ``skipped``)."""
-    first = {}
-    for name, meth in list(methods.items()):
-        if not meth.fuse:
-            continue
-        meth.forget_indexes()
-        drop_caches()
-        t0 = time.perf_counter()
-        try:
-            m = meth.mount(mounts)
-        except Exception as exc:  # noqa: BLE001  reported, and the others still run
-            skipped[name] = f"first mount failed: {str(exc).strip()[-300:]}"
-            del methods[name]
-            continue
-        first[name] = time.perf_counter() - t0
-        mounts.unmount(m)
-        print(f"{name}: first mount (builds its index) {first[name]:.2f} s", flush=True)
-    return first
 
 
 def storage(rnd: dict, key: str, fuse: bool) -> float | None:

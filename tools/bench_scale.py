@@ -8,18 +8,28 @@ directory and as a squashfs image of it, then measures through the real CLI:
 * the daemon's RSS after each (VmRSS / VmHWM from /proc/PID/status), minus the RSS of a daemon
   mounting a tiny dataset, per member; and the tree's own array bytes per member (in-process);
 * ``shardfs index --rebuild`` time with its default workers;
-* per method (plain directory, shardfs, squashfuse_ll, the kernel's squashfs when root), in
-  --read-repeat rounds, each on a fresh mount with the caches dropped: ImageFolder's listing on
-  the fresh and again on the warm mount, then a random-order read of every file by --readers
-  processes with the built-in open() (as training code reads), cold then warm, the warm one again
-  at the os level, and an open() read after drop_caches (for shardfs: the shards resident in its
-  cache, one lookup and one read per file: the daemon's CPU per file).
+* per method (plain directory, shardfs, squashfuse_ll, the kernel's squashfs when root, ratarmount
+  with every shard on its command line: one union tree), in --read-repeat rounds, each on a fresh
+  mount with the caches dropped: ImageFolder's listing of every file on the fresh and again on the
+  warm mount, then random-order reads by --readers processes with the built-in open() (as training
+  code reads), cold then warm, the warm one again at the os level, and an open() read after
+  drop_caches (for shardfs: the shards resident in its cache, one lookup and one read per file: the
+  daemon's CPU per file). The read passes read a fixed random sample of --sample files (100,000 by
+  default; 0: every file), the same files for every method and pass, so that a run at 1M files
+  stays bounded (squashfuse_ll reads ~2,000 files/s); the table says how many each pass read;
+* bounds for slow baselines, labelled in the table, never silent: a read pass stops after
+  --pass-budget seconds (90; ratarmount's union of 1,000 tars reads tens of files/s) and the
+  round's later passes read the files read until then; a baseline's daemon that has not mounted
+  after --mount-budget seconds (900) is stopped; a method that fails is shown as failed, with why.
+  ratarmount and squashfuse_ll are mounted once before the rounds (ratarmount then builds its
+  indexes: "first mount"), so the rounds' mounts load indexes.
 
 Prints the tables (medians [min-max] and ratios to plain) and issue 13's targets with PASS/FAIL.
 Run as root so the page cache can be dropped::
 
-    python3 tools/bench_scale.py                 # 1,000,000 files in 100 shards (30-60 min on 2 cores)
-    python3 tools/bench_scale.py --files 20000 --shards 10 --workdir /tmp/shardfs-bench-scale-small
+    python3 tools/bench_scale.py --shards 1000   # 1,000,000 files in 1,000 shards (~30 min on 2 cores
+                                                 # once the dataset exists; its generation takes longer)
+    python3 tools/bench_scale.py --files 20000 --shards 20 --sample 5000 --repeat 1 --workdir /tmp/bs-small
 
 The dataset stays in --workdir (default /tmp/shardfs-bench-scale: ~1.2 GB of tar + 1M small files
 + their squashfs image) and is reused by the next run with the same parameters; an interrupted
@@ -48,7 +58,7 @@ from benchlib.caches import drop_caches
 from benchlib.cli import run, shardfs
 from benchlib.methods import Data, make_methods
 from benchlib.mounts import Mounts
-from benchlib.rounds import listing_pass, one_round, read_pass, rounds_used, run_rounds
+from benchlib.rounds import first_mounts, listing_pass, one_round, read_pass, rounds_used, run_rounds
 from benchlib.tables import median, spread
 
 GEN_VERSION = 1
@@ -262,6 +272,10 @@ def unmount_timed(mounts: Mounts, m: dict) -> float:
 
 
 EXTRA_MOUNT_ARGS: list[str] = []  # --mount-arg
+# ratarmount keeps the index of an archive of at most 1,000 members in memory only, rebuilt at every
+# mount; the scale's shards have exactly 1,000 (ImageNet's 1,000 shards have ~1,281, indexed on disk):
+# index on disk, so that its mounts after the first load indexes, as shardfs's remounts do.
+BASELINE_OPTIONS = {"ratarmount": ["--index-minimum-file-count", "0"]}
 
 
 def remove_indexes(*dirs: str) -> int:
@@ -429,27 +443,44 @@ class Run:
         self.R["index_rebuild"] = runs
 
     def reads(self) -> None:
-        """Rounds over the methods: listings fresh and warm, open() reads cold and warm, os-level warm,
-        open() after drop_caches; then a sample of the shardfs mount compared with the plain files."""
+        """Rounds over the methods (each FUSE one but shardfs, whose first mounts were timed above, first
+        mounted once to build its index): listings fresh and warm of every file, then the read passes
+        over the same sample; then a sample of the shardfs mount compared with the plain files."""
         a = self.a
         data = Data(plain=self.plain_dir, shard_dir=self.shard_dir, work=self.work, squashfs=self.squashfs,
                     index_dir=self.index_dir)
         methods, self.R["skipped"] = make_methods([n.strip() for n in a.methods.split(",") if n.strip()], data,
-                                                  {"shardfs": list(EXTRA_MOUNT_ARGS)})
-        passes = [("list_fresh", listing_pass), ("list_warm", listing_pass), ("cold", read_pass("open", a.seed)),
-                  ("warm", read_pass("open", a.seed + 100)), ("warm_os", read_pass("os", a.seed + 200)),
-                  ("dropped", read_pass("open", a.seed + 300, drop_first=True))]
+                                                  {"shardfs": list(EXTRA_MOUNT_ARGS)}, BASELINE_OPTIONS)
+        for m in methods.values():
+            m.mount_timeout = a.mount_budget
+        others = {n: m for n, m in methods.items() if n != "shardfs"}
+        first = first_mounts(others, self.mounts, self.R["skipped"])
+        methods = {n: m for n, m in methods.items() if n not in self.R["skipped"]}
+        first["shardfs"] = median(m["seconds"] for m in self.R.get("first_mount", []))
+        budget = a.pass_budget or None
+
+        def reading(how: str, seed: int, drop_first: bool = False):
+            return read_pass(how, seed, drop_first, sample=a.sample, sample_seed=a.seed + 5, budget_s=budget)
+
+        passes = [("list_fresh", listing_pass), ("list_warm", listing_pass), ("cold", reading("open", a.seed)),
+                  ("warm", reading("open", a.seed + 100)), ("warm_os", reading("os", a.seed + 200)),
+                  ("dropped", reading("open", a.seed + 300, drop_first=True))]
         self.R["reads"] = run_rounds(methods, a.read_repeat,
                                      lambda meth, r: one_round(meth, self.mounts, passes, r, a.readers, a.quiet_wait,
                                                                a.files), a.retries, a.max_background)
+        self.R["reads"]["first_mount"] = {n: s for n, s in first.items() if n in methods and s is not None}
         self.R["methods"] = {n: m.fuse for n, m in methods.items()}
         if a.verify and "shardfs" in methods:
-            m = methods["shardfs"].mount(self.mounts)
-            try:
-                self.R["verify_bad"] = verify_sample(m.mnt, self.plain_dir, self.lay, a.verify, a.seed + 4)
-            finally:
-                self.mounts.unmount(m)
-            log(f"verify: {self.R['verify_bad']} of {min(a.verify, a.files)} random files differ between mount and plain")
+            self.verify(methods["shardfs"])
+
+    def verify(self, shardfs_method) -> None:
+        m = shardfs_method.mount(self.mounts)
+        try:
+            self.R["verify_bad"] = verify_sample(m.mnt, self.plain_dir, self.lay, self.a.verify, self.a.seed + 4)
+        finally:
+            self.mounts.unmount(m)
+        log(f"verify: {self.R['verify_bad']} of {min(self.a.verify, self.a.files)} random files differ between "
+            "mount and plain")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,12 +533,34 @@ READS = [("list_fresh", "listing s, fresh mount", "seconds", "{:.2f}"),
          ("dropped", "open() after drop_caches files/s", "files_per_s", "{:,.0f}")]
 
 
+PASSES = ("cold", "warm", "warm_os", "dropped")
+
+
+def files_read(rnd: dict) -> str:
+    """What the read passes of a round read: the sample's size, or per pass, * where the budget ran out."""
+    counts = [f"{rnd[k]['files']:,}" + ("*" if rnd[k].get("budget_hit") else "") for k in PASSES]
+    return counts[0] if len(set(counts)) == 1 and "*" not in counts[0] else " / ".join(counts)
+
+
+def not_run(R: dict) -> dict[str, str]:
+    """Methods asked for that have no figures or only some, and why: "failed: ..." or "skipped: ..."."""
+    out = {n: ("failed: " if why.startswith("first mount failed") else "skipped: ") + why
+           for n, why in R["skipped"].items()}
+    out.update({n: f"failed: {why}" for n, why in R["reads"]["failed"].items()})
+    return out
+
+
 def read_rows(R: dict) -> tuple[list, dict]:
     """The methods table's rows and the medians the targets use."""
     rounds, used_row = rounds_used(R["reads"]["rounds"])
-    rows = [used_row,
+    status = {**{n: ["ok"] for n in rounds}, **{n: [why.split(":")[0]] for n, why in not_run(R).items()}}
+    rows = [("status (failed, skipped: see the notes)", "{}", status, None), used_row,
+            ("first mount s (builds its index)", "{:.2f}", {n: [s] for n, s in R["reads"]["first_mount"].items()},
+             None),
             ("mount s (fresh, indexes exist)", "{:.2f}",
-             {n: [r["mount_s"] for r in rs] for n, rs in rounds.items() if R["methods"].get(n)}, None)]
+             {n: [r["mount_s"] for r in rs] for n, rs in rounds.items() if R["methods"].get(n)}, None),
+            (f"files read per pass ({' / '.join(PASSES)}; * the budget ran out)", "{}",
+             {n: [", ".join(files_read(r) for r in rs)] for n, rs in rounds.items()}, None)]
     rows += [(label, fmt, {n: [r[k][field] for r in rs] for n, rs in rounds.items()}, "plain")
              for k, label, field, fmt in READS]
 
@@ -543,18 +596,36 @@ def scale_targets(R: dict, summ: dict) -> list[dict]:
 
 
 def report(R: dict, args, cmdline: str, mach: dict) -> None:
+    sample = f"a fixed random sample of {args.sample:,} files" if 0 < args.sample < args.files else "every file"
+    budget = f", at most {args.pass_budget:.0f} s per pass (--pass-budget)" if args.pass_budget else ""
     print(f"\n## Results\n\ncommand: `{cmdline}`  \nmachine (as it comes): {machine.describe(mach)}  \n"
           f"mount figures: median [min-max] of {args.repeat} runs, wall time of `shardfs mount`; read rounds: "
-          f"{args.read_repeat}, {args.readers} readers, median [min-max] then the ratio to plain\n")
+          f"{args.read_repeat}, {args.readers} readers, median [min-max] then the ratio to plain; listings: every "
+          f"file; read passes: {sample}, the same for every method{budget}\n")
     tables.print_rows(R["table"])
     if "reads" in R:
         rows, summ = read_rows(R)
-        tables.print_table([n for n in R["reads"]["rounds"] if R["reads"]["rounds"][n]], rows)
+        columns = [n for n, rs in R["reads"]["rounds"].items() if rs]
+        tables.print_table(columns + [n for n in not_run(R) if n not in columns], rows)
         R["targets"] = scale_targets(R, summ)
         tables.print_targets(R["targets"], f"target (issue 13, {args.files:,} files"
                                            + (": below 1M, judged at this size only)" if args.files < 1_000_000 else ")"))
-        for n, why in {**R["skipped"], **R["reads"]["failed"]}.items():
+        for n, why in not_run(R).items():
             print(f"note: {n}: {why}")
+        for note in budget_notes(R, args.pass_budget):
+            print(f"note: {note}")
+
+
+def budget_notes(R: dict, budget: float) -> list[str]:
+    """Where --pass-budget stopped a read pass: the figure is over the files read until then."""
+    out = []
+    for n, rs in R["reads"]["rounds"].items():
+        for r in rs:
+            cut = [f"{k} after {r[k]['files']:,} of {r[k]['of']:,} files" for k in PASSES if r[k].get("budget_hit")]
+            if cut:
+                out.append(f"{n}, round {r['round'] + 1}: the {budget:.0f} s budget ran out: " + "; ".join(cut)
+                           + " (later passes read only the files read before; files/s is over the files read)")
+    return out
 
 
 def parse_args() -> argparse.Namespace:
@@ -566,8 +637,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--readers", type=int, default=2, help="reader processes for the read passes")
     p.add_argument("--repeat", type=int, default=3, help="runs of each mount/remount/index figure")
     p.add_argument("--read-repeat", type=int, default=1, help="rounds of the read passes per method")
-    p.add_argument("--methods", default="plain,shardfs,squashfuse_ll,squashfs-kernel",
-                   help="what the read rounds compare (also: ratarmount)")
+    p.add_argument("--methods", default="plain,shardfs,squashfuse_ll,squashfs-kernel,ratarmount",
+                   help="what the read rounds compare")
+    p.add_argument("--sample", type=int, default=100_000,
+                   help="files each read pass reads: a fixed random sample (--seed), the same for every method "
+                        "and pass (default 100,000; 0: every file). Listings always cover every file")
+    p.add_argument("--mount-budget", type=float, default=900, metavar="S",
+                   help="a baseline's daemon (ratarmount, squashfuse_ll) that has not mounted after S seconds "
+                        "is stopped and the method shown as failed (default 900)")
+    p.add_argument("--pass-budget", type=float, default=90, metavar="S",
+                   help="a read pass stops after S seconds (0: no limit); the round's later passes then read the "
+                        "files read until then, and the table marks it (default 90: ratarmount's union of 1,000 "
+                        "tars reads tens of files/s)")
     p.add_argument("--gen-workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=200)
@@ -590,6 +671,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if min(args.files, args.shards, args.classes, args.readers, args.repeat, args.read_repeat) < 1:
         p.error("counts must be positive")
+    if args.sample < 0 or args.pass_budget < 0:
+        p.error("--sample and --pass-budget must be 0 or more")
     return args
 
 

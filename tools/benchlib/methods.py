@@ -30,9 +30,10 @@ class Data:
 class Method:
     name = ""
     fuse = True
+    mount_timeout = 3600.0  # seconds a daemon started as our child may take to mount (then: failed)
 
-    def __init__(self, data: Data):
-        self.data = data
+    def __init__(self, data: Data, options: tuple[str, ...] = ()):
+        self.data, self.options = data, list(options)
 
     def available(self) -> str | None:
         """Why this method cannot run here (None: it can)."""
@@ -64,8 +65,8 @@ class Plain(Method):
 
 class ShardFS(Method):
     def __init__(self, data: Data, name: str = "shardfs", options: tuple[str, ...] = ()):
-        super().__init__(data)
-        self.name, self.options = name, list(options)
+        super().__init__(data, options)
+        self.name = name
 
     def forget_indexes(self) -> None:
         for d in filter(None, (self.data.shard_dir, self.data.index_dir)):
@@ -96,11 +97,12 @@ class Ratarmount(Method):
                 os.unlink(p + ".index.sqlite")
 
     def mount(self, mounts: Mounts) -> Mounted:
-        return mounts.spawn([self.exe(), "-f", *self.data.shards(), self._mnt()], self._mnt(), self._log())
+        return mounts.spawn([self.exe(), "-f", *self.options, *self.data.shards(), self._mnt()], self._mnt(),
+                            self._log(), self.mount_timeout)
 
 
 class SquashfuseLL(Method):
-    name = "squashfuse_ll"
+    name, mount_timeout = "squashfuse_ll", 600.0
 
     def available(self) -> str | None:
         if not shutil.which("squashfuse_ll"):
@@ -108,7 +110,8 @@ class SquashfuseLL(Method):
         return None if self.data.squashfs else "no squashfs image (mksquashfs missing or failed)"
 
     def mount(self, mounts: Mounts) -> Mounted:
-        return mounts.spawn(["squashfuse_ll", "-f", self.data.squashfs, self._mnt()], self._mnt(), self._log(), 600)
+        return mounts.spawn(["squashfuse_ll", "-f", self.data.squashfs, self._mnt()], self._mnt(), self._log(),
+                            self.mount_timeout)
 
 
 class KernelSquashfs(Method):
@@ -130,14 +133,16 @@ BASELINES = {"plain": Plain, "ratarmount": Ratarmount, "squashfuse_ll": Squashfu
              "squashfs-kernel": KernelSquashfs}
 
 
-def make_methods(names: list[str], data: Data, shardfs_variants: dict[str, list[str]]) -> tuple[dict, dict]:
-    """The methods asked for that can run here, and why the others cannot."""
+def make_methods(names: list[str], data: Data, shardfs_variants: dict[str, list[str]],
+                 options: dict[str, list[str]] | None = None) -> tuple[dict, dict]:
+    """The methods asked for that can run here, and why the others cannot; ``options``: extra
+    command-line options of a baseline's daemon (``{"ratarmount": [...]}``)."""
     methods, skipped = {}, {}
     for name in names:
         if name in shardfs_variants:
             m = ShardFS(data, name, shardfs_variants[name])
         elif name in BASELINES:
-            m = BASELINES[name](data)
+            m = BASELINES[name](data, (options or {}).get(name, ()))
         else:
             raise ValueError(f"unknown method {name!r} (known: {', '.join([*shardfs_variants, *BASELINES])})")
         why = m.available()

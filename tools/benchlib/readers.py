@@ -58,32 +58,40 @@ def _read_bytes() -> int:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes:"))
 
 
-def _reader(paths: list[str], how: str, barrier, results) -> None:
+def _reader(i: int, paths: list[str], how: str, barrier, results, budget_s: float | None) -> None:
     read = HOW[how]
     buf = memoryview(bytearray(1 << 20))
     files = nbytes = errors = 0
     first_error = None
     io0 = _read_bytes()
     barrier.wait()
+    deadline = time.monotonic() + budget_s if budget_s else None
     for p in paths:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         try:
             nbytes += read(p, buf)
             files += 1
         except OSError as exc:
             errors += 1
             first_error = first_error or f"{p}: {exc}"
-    results.put((time.monotonic(), files, nbytes, errors, first_error, _read_bytes() - io0))
+    results.put((time.monotonic(), files, nbytes, errors, first_error, _read_bytes() - io0, i, files + errors))
 
 
-def read_all(paths: list[str], readers: int, how: str = "open", seed: int | None = None) -> dict:
+def read_all(paths: list[str], readers: int, how: str = "open", seed: int | None = None,
+             budget_s: float | None = None) -> dict:
     """Every file of ``paths`` read once (in a random order when ``seed`` is given), split among
-    ``readers`` forked processes that start together; files/s and MB/s over the wall time."""
+    ``readers`` forked processes that start together; files/s and MB/s over the wall time.
+
+    ``budget_s``: each reader stops after that many seconds; then ``budget_hit`` is True and
+    ``read`` lists the files that were read (the figures are over those)."""
     if seed is not None:
         paths = list(paths)
         random.Random(seed).shuffle(paths)
     ctx = mp.get_context("fork")  # the path list is inherited, not pickled (1M paths)
     barrier, results = ctx.Barrier(readers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(paths[i::readers], how, barrier, results)) for i in range(readers)]
+    procs = [ctx.Process(target=_reader, args=(i, paths[i::readers], how, barrier, results, budget_s))
+             for i in range(readers)]
     for p in procs:
         p.start()
     try:
@@ -99,7 +107,10 @@ def read_all(paths: list[str], readers: int, how: str = "open", seed: int | None
             p.join()
     secs = max(g[0] for g in got) - start
     files, nbytes, errors = (sum(g[i] for g in got) for i in (1, 2, 3))
-    return {"seconds": secs, "files": files, "bytes": nbytes, "errors": errors,
-            "first_error": next((g[4] for g in got if g[4]), None),
-            "files_per_s": files / secs, "mb_per_s": nbytes / secs / 1e6,
-            "readers_read_bytes": sum(g[5] for g in got)}
+    out = {"seconds": secs, "files": files, "bytes": nbytes, "errors": errors,
+           "first_error": next((g[4] for g in got if g[4]), None),
+           "files_per_s": files / secs, "mb_per_s": nbytes / secs / 1e6,
+           "readers_read_bytes": sum(g[5] for g in got), "budget_hit": files + errors < len(paths)}
+    if out["budget_hit"]:
+        out["read"] = [p for g in got for p in paths[g[6]::readers][:g[7]]]
+    return out

@@ -8,6 +8,7 @@ requests, shardfs's own storage counter, and what other processes did meanwhile.
 
 from __future__ import annotations
 
+import random
 import time
 
 from .caches import cached_bytes, drop_caches
@@ -49,16 +50,36 @@ def listing_pass(root: str, out: dict) -> dict:
     return {"seconds": secs, "files": len(paths)}
 
 
-def read_pass(how: str, seed: int, drop_first: bool = False):
-    """A random-order read of every listed file by the round's readers (``how``: open or os);
-    ``drop_first``: drop the kernel's caches before it (the daemon's own cache stays)."""
+def sample_paths(paths: list[str], n: int, seed: int) -> list[str]:
+    """``n`` of the listed paths chosen at random by ``seed`` (every path when ``n`` is 0 or more
+    than there are). Every method lists the same tree in the same sorted order, so the same seed
+    picks the same files through every method."""
+    if not n or n >= len(paths):
+        return list(paths)
+    return [paths[i] for i in sorted(random.Random(seed).sample(range(len(paths)), n))]
+
+
+def read_pass(how: str, seed: int, drop_first: bool = False, sample: int = 0, sample_seed: int = 0,
+              budget_s: float | None = None):
+    """A random-order read by the round's readers (``how``: open or os) of the round's read set:
+    every listed file, or a fixed sample of ``sample`` of them (``sample_paths``), the same for
+    every pass of the round. ``drop_first``: drop the kernel's caches before it (the daemon's own
+    cache stays). ``budget_s``: the readers stop after that many seconds, and the files read until
+    then become the round's read set, so that later passes read only files read before (warm stays
+    warm); the pass records ``budget_hit``."""
     def run(root: str, out: dict) -> dict:
         if drop_first:
             out["dropped_ok"] = drop_caches()
-        res = read_all(out["paths"], out["readers"], how, seed=seed + out["round"])
-        if res["errors"] or res["files"] != len(out["paths"]):
-            raise RuntimeError(f"{res['errors']} read errors, {res['files']}/{len(out['paths'])} files; "
+        todo = out.get("read_set")
+        if todo is None:
+            todo = out["read_set"] = sample_paths(out["paths"], sample, sample_seed)
+        res = read_all(todo, out["readers"], how, seed=seed + out["round"], budget_s=budget_s)
+        if res["errors"] or (res["files"] != len(todo) and not res["budget_hit"]):
+            raise RuntimeError(f"{res['errors']} read errors, {res['files']}/{len(todo)} files; "
                                f"first: {res['first_error']}")
+        if res["budget_hit"]:
+            out["read_set"] = res.pop("read")
+        res["of"] = len(todo)
         return res
     return run
 
@@ -88,6 +109,7 @@ def one_round(method: Method, mounts: Mounts, passes, r: int, readers: int, quie
         if m:
             mounts.unmount(m)
     out.pop("paths", None)
+    out.pop("read_set", None)
     return out
 
 
@@ -95,6 +117,28 @@ def disturbed(rnd: dict, max_background: float) -> bool:
     """Other jobs took much CPU, or dropped the page cache, during one of the round's passes."""
     return any(isinstance(v, dict) and ((v.get("background_cpu") or 0) > max_background or v.get("foreign_drops"))
                for k, v in rnd.items() if k != "quiet_before")
+
+
+def first_mounts(methods: dict[str, Method], mounts: Mounts, skipped: dict) -> dict[str, float]:
+    """Each FUSE method mounted once with its indexes removed: what a first mount costs. A method
+    that cannot mount leaves the run (noted in ``skipped``)."""
+    first = {}
+    for name, meth in list(methods.items()):
+        if not meth.fuse:
+            continue
+        meth.forget_indexes()
+        drop_caches()
+        t0 = time.perf_counter()
+        try:
+            m = meth.mount(mounts)
+        except Exception as exc:  # noqa: BLE001  reported, and the others still run
+            skipped[name] = f"first mount failed: {str(exc).strip()[-300:]}"
+            del methods[name]
+            continue
+        first[name] = time.perf_counter() - t0
+        mounts.unmount(m)
+        print(f"{name}: first mount (builds its index) {first[name]:.2f} s", flush=True)
+    return first
 
 
 def run_rounds(methods: dict[str, Method], rounds: int, round_fn, retries: int, max_background: float) -> dict:

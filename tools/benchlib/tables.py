@@ -29,8 +29,13 @@ def cell(values, fmt: str, base=None) -> str:
     if len(values) > 1:
         text += f" [{fmt.format(min(values))}-{fmt.format(max(values))}]"
     if base:
-        text += f" {mid / base:.2f}x"
+        text += f" {ratio(mid / base)}"
     return text
+
+
+def ratio(x: float) -> str:
+    """``1.36x``; two significant digits below 0.1 (``0.0018x``, not ``0.00x``)."""
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
 
 
 def print_table(columns: list[str], rows: list[tuple[str, str, dict, str | None]], title: str = "figure") -> None:
