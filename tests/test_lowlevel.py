@@ -162,6 +162,26 @@ def test_a_file_looked_up_then_opened_gets_its_bytes_with_the_isatty_answer(tar_
     assert after["fuse_ops"].get("read", 0) == before["fuse_ops"].get("read", 0)
 
 
+def test_a_listed_file_opened_first_gets_its_bytes_with_the_isatty_answer(tar_shards, sample_tree, mount):
+    m = mount(tar_shards, options=("--prefetch", "all", "--cache-size", "1G"))
+    _loaded(m, tar_shards)
+    files = _walk(m.path)  # as ImageFolder lists: READDIRPLUS makes every inode, no lookups follow
+    before = m.stats()
+    for path in files:
+        with open(path, "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == _sha(os.path.join(sample_tree, os.path.relpath(path, m.path)))
+    after = m.stats()
+    assert after["fuse_ops"].get("lookup", 0) == before["fuse_ops"].get("lookup", 0)
+    assert after["pushed_with_open"] - before.get("pushed_with_open", 0) == len(files)
+    assert after["fuse_ops"].get("read", 0) == before["fuse_ops"].get("read", 0)
+    for path in files:  # pushed once: pages dropped since come back by a READ, never a second push
+        drop_page_cache(path)
+        with open(path, "rb") as f:
+            f.read()
+    assert m.stats()["pushed_with_open"] == after["pushed_with_open"]
+    assert m.stats()["fuse_ops"]["read"] >= after["fuse_ops"].get("read", 0) + len(files)
+
+
 def test_without_a_lookup_or_with_pushes_off_reads_are_requests(tar_shards, sample_tree, mount, monkeypatch):
     m = mount(tar_shards, options=("--prefetch", "all", "--cache-size", "1G"))
     _loaded(m, tar_shards)

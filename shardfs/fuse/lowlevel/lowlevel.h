@@ -76,6 +76,8 @@ typedef struct {
     const double *mtime;                  /* [nmembers] */
     const uint8_t *shard_raw;             /* [nshards]: members are byte ranges of the shard */
     Slot **slots;                         /* [nshards], or NULL entries */
+    _Atomic uint8_t *unread;              /* [nmembers / 8]: the kernel made the member's inode (a
+                                             lookup, a listing) and has not read it since */
 } Table;
 
 enum {
@@ -83,10 +85,8 @@ enum {
     OP_LISTXATTR, OP_READLINK, OP_FORGET, OP_WRITE_REFUSED, OP_COUNT
 };
 
-/* Pushing a member's bytes (push_member): at most this many, and remembered for this many
- * lookups in flight; a lookup forgotten here only means a READ request later. */
+/* Pushing a member's bytes into the page cache (push_member in requests.c): at most this many. */
 #define PUSH_MAX (256 << 10)
-#define FRESH_SLOTS 4096
 
 typedef struct {
     _Atomic uint64_t n;
@@ -105,7 +105,6 @@ typedef struct {
     Counter ram_reads, disk_reads; /* reads answered here from the RAM cache, from the disk tier */
     Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
     int push;
-    _Atomic uint64_t fresh[FRESH_SLOTS]; /* inodes of members looked up since (direct-mapped) */
 } Session;
 
 #define COUNT(s, op) atomic_fetch_add_explicit(&(s)->counts[op].n, 1, memory_order_relaxed)
@@ -123,6 +122,8 @@ void file_buffer_done(char *p, size_t need);
 void node_path(const Table *t, uint32_t n, const char **p, size_t *len);
 void base_name(const Table *t, uint32_t n, const char **p, size_t *len);
 int64_t resolve(const Table *t, fuse_ino_t ino);
+void mark_unread(Table *t, uint32_t n);
+int take_unread(Table *t, uint32_t n);
 int64_t find_child(const Table *t, uint32_t d, const char *name);
 void fill_stat(const Table *t, uint32_t n, struct stat *st);
 /* requests.c */

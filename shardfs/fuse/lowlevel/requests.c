@@ -185,7 +185,7 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     if (n >= 0) {
         entry_of(s, t, (uint32_t)n, &e);
         if (s->push && pushable(t, (uint32_t)n))
-            atomic_store_explicit(&s->fresh[e.ino % FRESH_SLOTS], e.ino, memory_order_relaxed);
+            mark_unread(t, (uint32_t)n);
     } else { /* a negative entry, cached for a while: names tried in vain cost nothing */
         memset(&e, 0, sizeof e);
         e.entry_timeout = s->negative_timeout;
@@ -270,6 +270,8 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
             if (i < 2)
                 e.ino = 0; /* the kernel takes no reference for . and .. */
             need = fuse_add_direntry_plus(req, buf + used, room, namebuf, &e, i + 1);
+            if (i >= 2 && need <= room && s->push && pushable(t, n))
+                mark_unread(t, n); /* the kernel makes its inode from this entry */
         } else {
             struct stat st;
             fill_stat(t, n, &st);
@@ -337,13 +339,6 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
     PyGILState_Release(g);
 }
 
-/* Whether ino was looked up since its last read or push; it is not any more. */
-static int forget_fresh(Session *s, fuse_ino_t ino) {
-    _Atomic uint64_t *fresh = &s->fresh[ino % FRESH_SLOTS];
-    uint64_t expected = ino;
-    return atomic_load_explicit(fresh, memory_order_relaxed) == ino && atomic_compare_exchange_strong(fresh, &expected, 0);
-}
-
 /* Bytes of a member answered without Python: pinned in the RAM cache, or read from the disk
  * tier into a buffer. fast_bytes fills one of these; fast_done releases it and counts it. */
 typedef struct {
@@ -397,7 +392,7 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     uint32_t m = (uint32_t)n - t->ndirs;
     int64_t left = t->size[m] - off;
     size_t len = left <= 0 ? 0 : (size_t)left < size ? (size_t)left : size;
-    forget_fresh(s, ino); /* read without an open(): its pages are filling, no push later */
+    take_unread(t, (uint32_t)n); /* its pages are filling now: nothing to push later */
     Fast f;
     const char *bytes = fast_bytes(t, m, off, len, &f);
     if (bytes) {
@@ -412,27 +407,22 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     table_leave(t);
 }
 
-/* A member looked up just now has a new inode in the kernel, so no cached pages: the first
- * thing Python's open() does with it is the isatty ioctl, and the read comes right after. If
- * its bytes are at hand, they go into the kernel's page cache with that ioctl's answer
- * (FUSE_NOTIFY_STORE), and the read is answered by the kernel without a READ request.
- * The lookup cannot carry them itself: the inode exists only once the reply is processed. */
-static void push_member(Session *s, fuse_ino_t ino) {
-    Table *t = table_enter(s);
-    int64_t n = resolve(t, ino);
-    if (n >= 0 && pushable(t, (uint32_t)n)) {
-        uint32_t m = (uint32_t)n - t->ndirs;
-        size_t len = (size_t)t->size[m];
-        Fast f;
-        const char *bytes = fast_bytes(t, m, 0, len, &f);
-        if (bytes) {
-            struct fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
-            bv.buf[0].mem = (void *)bytes;
-            int rc = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0);
-            fast_done(s, &f, rc == 0 ? len : 0, rc == 0 ? &s->pushes : &s->push_failures);
-        }
+/* A member whose inode the kernel made just now (a lookup, or a listing's READDIRPLUS) has no
+ * cached pages, and Python's open() asks isatty (an ioctl) before it reads: when the member's
+ * bytes are at hand, they go into the kernel's page cache with the ioctl's answer
+ * (FUSE_NOTIFY_STORE), and the read that follows is answered by the kernel, with no READ request.
+ * A lookup's reply cannot carry them: the inode exists only once the kernel has processed it. */
+static void push_member(Session *s, Table *t, uint32_t n, fuse_ino_t ino) {
+    uint32_t m = n - t->ndirs;
+    size_t len = (size_t)t->size[m];
+    Fast f;
+    const char *bytes = fast_bytes(t, m, 0, len, &f);
+    if (bytes) {
+        struct fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
+        bv.buf[0].mem = (void *)bytes;
+        int rc = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0);
+        fast_done(s, &f, rc == 0 ? len : 0, rc == 0 ? &s->pushes : &s->push_failures);
     }
-    table_leave(t);
 }
 
 static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg, struct fuse_file_info *fi,
@@ -440,8 +430,13 @@ static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg
     /* Every Python open() asks isatty() (TCGETS): "not a terminal", without leaving C. */
     Session *s = session_of(req);
     COUNT(s, OP_IOCTL);
-    if (forget_fresh(s, ino))
-        push_member(s, ino);
+    if (s->push) {
+        Table *t = table_enter(s);
+        int64_t n = resolve(t, ino);
+        if (n >= t->ndirs && take_unread(t, (uint32_t)n))
+            push_member(s, t, (uint32_t)n, ino);
+        table_leave(t);
+    }
     fuse_reply_err(req, ENOTTY);
 }
 

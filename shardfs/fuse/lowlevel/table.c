@@ -53,6 +53,22 @@ int64_t resolve(const Table *t, fuse_ino_t ino) {
     return lo < t->nsorted && t->by_ino[lo] == ino ? (int64_t)t->by_ino_node[lo] : -1;
 }
 
+/* Node n (a member) has a new inode in the kernel, so no cached pages (see push_member). A
+ * rescan starts a new table with no marks: a mark missed only means a READ request later. */
+void mark_unread(Table *t, uint32_t n) {
+    uint32_t m = n - t->ndirs;
+    atomic_fetch_or_explicit(&t->unread[m / 8], (uint8_t)(1u << (m % 8)), memory_order_relaxed);
+}
+
+/* Whether node n (a member) was marked unread; it is not any more. */
+int take_unread(Table *t, uint32_t n) {
+    uint32_t m = n - t->ndirs;
+    uint8_t bit = (uint8_t)(1u << (m % 8));
+    if (!(atomic_load_explicit(&t->unread[m / 8], memory_order_relaxed) & bit))
+        return 0;
+    return (atomic_fetch_and_explicit(&t->unread[m / 8], (uint8_t)~bit, memory_order_relaxed) & bit) != 0;
+}
+
 /* The child of directory d called name, or -1. */
 int64_t find_child(const Table *t, uint32_t d, const char *name) {
     size_t len = strlen(name);
@@ -203,7 +219,8 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     /* Our own sorted copy: lookups are a binary search by name within the directory. */
     t->children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
     t->slots = PyMem_Calloc(nshards ? nshards : 1, sizeof(Slot *));
-    if (t->children == NULL || t->slots == NULL) {
+    t->unread = PyMem_Calloc(nmembers / 8 + 1, 1);
+    if (t->children == NULL || t->slots == NULL || t->unread == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -261,6 +278,7 @@ static void table_dealloc(Table *t) {
         PyMem_Free(t->slots);
     }
     PyMem_Free(t->children);
+    PyMem_Free((void *)t->unread);
     Py_XDECREF(t->view);
     Py_XDECREF(t->keep);
     Py_TYPE(t)->tp_free((PyObject *)t);
