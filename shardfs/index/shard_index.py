@@ -166,7 +166,7 @@ def build(shard: Shard | str) -> ShardIndex:
         mtime=np.array([rec.mtime for rec in members], dtype=np.float64),
         hash=np.array([path_hash(n) for n in name_list], dtype=np.uint64),
         parent=parent,
-        dirs=list(dir_ids),
+        dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
         symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
         warnings=warnings,
         error=f"{shown}: {result.error}" if result.error else None,
