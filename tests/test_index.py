@@ -142,6 +142,8 @@ def test_an_index_of_version_2_is_used_and_rewritten_in_the_flat_format(tmp_path
 
     monkeypatch.setattr(index, "build", fail)
     monkeypatch.setattr(store, "build", fail)
+    with open(built.stored_at, "rb") as f:  # as fetched from beside a remote object
+        _assert_same(built, index_file.load(io.BytesIO(f.read())))
     ix, how = store.load_or_build(shard)
     assert how == "loaded" and not ix.legacy
     _assert_same(built, ix)
@@ -152,10 +154,9 @@ def test_an_index_of_version_2_is_used_and_rewritten_in_the_flat_format(tmp_path
 
 def _array_span(data: bytes, name: str) -> tuple[int, int]:
     """Where array ``name`` lies in an index file: (start, end)."""
-    meta_len = int.from_bytes(data[12:16], "little")
-    pos = 24 + meta_len
-    meta = json.loads(data[24:pos])
-    pos += -pos % 8
+    meta_len, body = int.from_bytes(data[12:16], "little"), 32  # the body follows the 32-byte header
+    meta = json.loads(data[body : body + meta_len])
+    pos = body + meta_len + (-meta_len % 8)
     for array, dtype, count in meta["arrays"]:
         nbytes = np.dtype(dtype).itemsize * count
         if array == name:
@@ -170,6 +171,8 @@ def _damage(path: str, how: str) -> None:
     if how == "offset":  # one bit of a member's offset: its bytes would be read from elsewhere
         start, _ = _array_span(bytes(data), "offset")
         data[start + 1] ^= 0x02
+    elif how == "names":  # one bit of the names, which come last
+        data[-3] ^= 0x01
     elif how == "truncated":
         data = data[: len(data) - 9]
     elif how == "garbage":
@@ -180,7 +183,7 @@ def _damage(path: str, how: str) -> None:
         f.write(data)
 
 
-@pytest.mark.parametrize("how", ["offset", "truncated", "garbage", "empty"])
+@pytest.mark.parametrize("how", ["offset", "names", "truncated", "garbage", "empty"])
 def test_a_damaged_index_is_rebuilt_with_a_log_line(tmp_path, caplog, how):
     shard = _odd_shard(tmp_path)
     built, _ = store.load_or_build(shard)
