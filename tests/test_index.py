@@ -1,10 +1,17 @@
 """Persisted indexes: a remount loads them instead of reading shard headers; a changed shard rebuilds."""
 
+import dataclasses
+import io
+import json
 import os
 import time
 
+import numpy as np
+import pytest
 from conftest import needs_fuse, shardfs_cmd
+from tarcraft import archive, member
 
+from shardfs.index import index_file
 from shardfs.index import shard_index as index
 from shardfs.index import store
 
@@ -60,3 +67,148 @@ def test_index_reads_no_shard_bytes_when_current(tar_shards, monkeypatch):
     monkeypatch.setattr(tar.TarFormat, "scan", fail)
     ix, how = store.load_or_build(shard)
     assert how == "loaded" and len(ix) == 18
+
+
+# ---- the index file (index_file.py) -------------------------------------------------------------
+
+
+def _odd_shard(tmp_path) -> str:
+    """A shard with what an index records besides plain files: a directory member, a symlink, a
+    label, a name that is not UTF-8, a name given twice (a warning)."""
+    path = tmp_path / "odd.tar"
+    path.write_bytes(archive(
+        member(b"train/", typeflag=b"5", mode=0o700),
+        member(b"train/a/\xff.jpg", b"J" * 700),
+        member(b"train/a/k.cls", b"4"),
+        member(b"train/link", typeflag=b"2", linkname=b"a/k.cls"),
+        member(b"top.txt", b"first"),
+        member(b"top.txt", b"second"),
+    ))
+    return str(path)
+
+
+def _assert_same(a: index.ShardIndex, b: index.ShardIndex) -> None:
+    for f in dataclasses.fields(index.ShardIndex):
+        if f.name in ("stored_at", "legacy"):
+            continue  # not persisted
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        elif f.name == "dirs":
+            assert list(x) == list(y)
+        else:
+            assert x == y, f.name
+
+
+def test_index_file_round_trip_keeps_every_field(tmp_path):
+    ix = index.build(_odd_shard(tmp_path))
+    ix.shard_tag = '"etag-1"'
+    assert ix.symlinks and len(ix.cls_member) == 1 and ix.warnings and len(ix.dirs) == 3
+    path = str(tmp_path / "odd.idx")
+    index_file.save(ix, path)
+    with open(path, "rb") as f:
+        assert f.read(len(index_file.MAGIC)) == index_file.MAGIC
+    _assert_same(ix, index_file.load(path))
+    with open(path, "rb") as f:  # as fetched from beside a remote object
+        _assert_same(ix, index_file.load(io.BytesIO(f.read())))
+    empty = dataclasses.replace(ix, names=b"", dirs=[], symlinks={}, warnings=[], error="truncated",
+                                cls_member=np.empty(0, np.int32), cls_value=np.empty(0, np.int64),
+                                **{name: getattr(ix, name)[:0] for name in index_file.ARRAYS[:8]})
+    index_file.save(empty, path)
+    _assert_same(empty, index_file.load(path))
+
+
+def _save_npz(ix: index.ShardIndex, path: str) -> None:
+    """An index as shardfs wrote them before the flat file (version 2)."""
+    meta = {"version": 2, "format": ix.format, "shard_size": ix.shard_size, "shard_mtime_ns": ix.shard_mtime_ns,
+            "shard_tag": ix.shard_tag, "shard_fingerprint": ix.shard_fingerprint,
+            "dirs": [d.decode("utf-8", "surrogateescape") for d in ix.dirs],
+            "symlinks": {str(i): t.decode("utf-8", "surrogateescape") for i, t in ix.symlinks.items()},
+            "warnings": ix.warnings, "error": ix.error}
+    arrays = {name: getattr(ix, name) for name in index_file.ARRAYS}
+    arrays["names"] = np.frombuffer(ix.names, dtype=np.uint8)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    with open(path, "wb") as out:
+        np.savez(out, **arrays)
+
+
+def test_an_index_of_version_2_is_used_and_rewritten_in_the_flat_format(tmp_path, monkeypatch):
+    shard = _odd_shard(tmp_path)
+    built, _ = store.load_or_build(shard)
+    _save_npz(built, built.stored_at)
+
+    def fail(*_a, **_k):
+        raise AssertionError("the shard was scanned although its version 2 index is current")
+
+    monkeypatch.setattr(index, "build", fail)
+    monkeypatch.setattr(store, "build", fail)
+    with open(built.stored_at, "rb") as f:  # as fetched from beside a remote object
+        _assert_same(built, index_file.load(io.BytesIO(f.read())))
+    ix, how = store.load_or_build(shard)
+    assert how == "loaded" and not ix.legacy
+    _assert_same(built, ix)
+    with open(built.stored_at, "rb") as f:
+        assert f.read(len(index_file.MAGIC)) == index_file.MAGIC  # converted, not rebuilt
+    _assert_same(built, index_file.load(built.stored_at))
+
+
+def _array_span(data: bytes, name: str) -> tuple[int, int]:
+    """Where array ``name`` lies in an index file: (start, end)."""
+    meta_len, body = int.from_bytes(data[12:16], "little"), 32  # the body follows the 32-byte header
+    meta = json.loads(data[body : body + meta_len])
+    pos = body + meta_len + (-meta_len % 8)
+    for array, dtype, count in meta["arrays"]:
+        nbytes = np.dtype(dtype).itemsize * count
+        if array == name:
+            return pos, pos + nbytes
+        pos += nbytes + (-nbytes % 8)
+    raise KeyError(name)
+
+
+def _damage(path: str, how: str) -> None:
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if how == "offset":  # one bit of a member's offset: its bytes would be read from elsewhere
+        start, _ = _array_span(bytes(data), "offset")
+        data[start + 1] ^= 0x02
+    elif how == "names":  # one bit of the names, which come last
+        data[-3] ^= 0x01
+    elif how == "truncated":
+        data = data[: len(data) - 9]
+    elif how == "garbage":
+        data = bytearray(b"not an index at all\n" * 10)
+    elif how == "empty":
+        data = bytearray()
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize("how", ["offset", "names", "truncated", "garbage", "empty"])
+def test_a_damaged_index_is_rebuilt_with_a_log_line(tmp_path, caplog, how):
+    shard = _odd_shard(tmp_path)
+    built, _ = store.load_or_build(shard)
+    _damage(built.stored_at, how)
+    caplog.set_level("INFO")
+    ix, how_obtained = store.load_or_build(shard)
+    assert how_obtained == "built"
+    assert f"ignoring unreadable index {built.stored_at}" in caplog.text
+    _assert_same(built, ix)
+    assert store.load_or_build(shard)[1] == "loaded"
+
+
+@needs_fuse
+def test_damaged_and_older_indexes_serve_the_right_bytes(tar_shards, sample_tree, mount):
+    from remote_servers import tree_digests
+
+    m = mount(tar_shards, name="first")
+    shardfs_cmd("umount", m.path, check=True)
+    shards = sorted(str(p) for p in tar_shards.glob("*.tar"))
+    _damage(shards[0] + index.INDEX_SUFFIX, "offset")
+    _save_npz(index_file.load(shards[1] + index.INDEX_SUFFIX), shards[1] + index.INDEX_SUFFIX)
+
+    m2 = mount(tar_shards, name="second")
+    assert m2.stats()["indexes_built"] == 1  # the damaged one; the version 2 one is used
+    assert tree_digests(m2.path) == tree_digests(sample_tree)
+    assert f"ignoring unreadable index {shards[0]}{index.INDEX_SUFFIX}: damaged" in m2.log()
+    with open(shards[1] + index.INDEX_SUFFIX, "rb") as f:
+        assert f.read(len(index_file.MAGIC)) == index_file.MAGIC

@@ -12,7 +12,7 @@ import pytest
 from conftest import needs_fuse, shardfs_cmd
 from benchlib import sample
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
-from shardfs.index import shard_index
+from shardfs.index import index_file, shard_index
 from shardfs.index import store as index_store
 from benchlib import sample
 from shardfs.index import labels
@@ -278,12 +278,12 @@ def test_an_index_of_the_previous_version_is_rebuilt(tmp_path, monkeypatch, capl
     shard = str(tmp_path / "s.tar")
     write_tar(shard, [("k.jpg", b"J"), ("k.cls", b"3")])
     with monkeypatch.context() as patch:
-        patch.setattr(shard_index, "INDEX_VERSION", 1)
+        patch.setattr(index_file, "INDEX_VERSION", 1)
         index_store.load_or_build(shard)
     caplog.set_level("INFO")
     ix, how = index_store.load_or_build(shard)
     assert how == "built" and ix.cls_value.tolist() == [3]
-    assert "index version 1, this shardfs writes 2; rebuilding" in caplog.text
+    assert f"index version 1, this shardfs writes {index_file.INDEX_VERSION}; rebuilding" in caplog.text
     assert index_store.load_or_build(shard)[1] == "loaded"
 
 

@@ -1,8 +1,7 @@
 """The index of one shard: compact numpy arrays of its members, persisted beside it.
 
-An index is built once per shard (scan its headers, vet its names) and saved as an
-uncompressed ``.npz``, so a remount reads a few arrays back (np.load copies them into
-memory: a few seconds for a million members) instead of scanning the shard. It is valid
+An index is built once per shard (scan its headers, vet its names) and saved
+(``index_file.py``), so a remount reads a few arrays back instead of scanning the shard. It is valid
 while the shard's size and mtime (remote: size and tag) are those it was built from; it also
 records a fingerprint of the shard's bytes (``fingerprint.py``), by which an index uploaded
 beside a remote object is checked against that object.
@@ -11,17 +10,15 @@ beside a remote object is checked against that object.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardfs.errors import ShardfsError
 from shardfs.index import fingerprint, labels
 from shardfs.index import names
-from shardfs.atomic import atomic_file
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import Kind, Window
 from shardfs.storage import open_shard
@@ -29,7 +26,6 @@ from shardfs.storage.base import Shard
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2  # 2: cls_member/cls_value (WebDataset labels)
 INDEX_SUFFIX = ".shardfs-idx"
 MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 
@@ -37,6 +33,24 @@ MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 def path_hash(path: bytes) -> int:
     """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``)."""
     return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+class SplitOnUse(Sequence[bytes]):
+    """NUL-separated names (directories: never a NUL in them), split each time they are used, not
+    kept split: a dataset of a thousand shards each with the thousand class folders would
+    otherwise hold a million small bytes objects at once while its indexes are merged."""
+
+    def __init__(self, blob: bytes, count: int):
+        self.blob, self.count = blob, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.blob.split(b"\0") if self.count else ())
+
+    def __getitem__(self, i):
+        return list(self)[i]
 
 
 @dataclass
@@ -55,7 +69,7 @@ class ShardIndex:
     mtime: np.ndarray  # float64
     hash: np.ndarray  # uint64 path_hash of each name
     parent: np.ndarray  # uint32 index into ``dirs``
-    dirs: list[bytes]  # distinct parent directories ("" is the root)
+    dirs: Sequence[bytes]  # distinct parent directories ("" is the root); a list, or SplitOnUse when loaded
     symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
     # Labels of small ``*.cls`` members (see labels.py): member index, value (labels.UNPARSABLE if not an int)
     cls_member: np.ndarray = field(default_factory=lambda: labels.no_labels()[0])  # int32
@@ -65,6 +79,7 @@ class ShardIndex:
     stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
     shard_tag: str = ""  # remote shards: the object's ETag (or Last-Modified) it was built from
     shard_fingerprint: str = ""  # fingerprint.of the shard it was built from ("" in older indexes)
+    legacy: bool = False  # read from an older file format: the store writes it again (not persisted)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -151,7 +166,7 @@ def build(shard: Shard | str) -> ShardIndex:
         mtime=np.array([rec.mtime for rec in members], dtype=np.float64),
         hash=np.array([path_hash(n) for n in name_list], dtype=np.uint64),
         parent=parent,
-        dirs=list(dir_ids),
+        dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
         symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
         warnings=warnings,
         error=f"{shown}: {result.error}" if result.error else None,
@@ -169,60 +184,3 @@ def _read_labels(shard: Shard, fmt, members: list, wanted: list[int], offsets, s
     layout = fmt.open_layout(shard, shard.size)
     window = Window(shard)
     return labels.read_labels(wanted, offsets, sizes, lambda o, n: layout.read(o, n, window.get))
-
-
-_ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
-
-
-def _text(b: bytes) -> str:
-    return b.decode("utf-8", "surrogateescape")
-
-
-def _bytes(s: str) -> bytes:
-    return s.encode("utf-8", "surrogateescape")
-
-
-def save(index: ShardIndex, path: str) -> None:
-    """Write atomically (temp file + rename) so a reader never sees half an index."""
-    meta = {
-        "version": INDEX_VERSION,
-        "format": index.format,
-        "shard_size": index.shard_size,
-        "shard_mtime_ns": index.shard_mtime_ns,
-        "shard_tag": index.shard_tag,
-        "shard_fingerprint": index.shard_fingerprint,
-        "dirs": [_text(d) for d in index.dirs],
-        "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
-        "warnings": index.warnings,
-        "error": index.error,
-    }
-    arrays = {name: getattr(index, name) for name in _ARRAYS}
-    arrays["names"] = np.frombuffer(index.names, dtype=np.uint8)
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    with atomic_file(path) as out:
-        np.savez(out, **arrays)
-
-
-class OutdatedIndex(ShardfsError, ValueError):
-    """Written by another shardfs version: rebuilt, not an error."""
-
-
-def load(path) -> ShardIndex:
-    """From a file name, or a binary file object (an index fetched from beside a remote shard)."""
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(npz["meta"].tobytes())
-        if meta.get("version") != INDEX_VERSION:
-            raise OutdatedIndex(f"index version {meta.get('version')}, this shardfs writes {INDEX_VERSION}")
-        return ShardIndex(
-            format=meta["format"],
-            shard_size=meta["shard_size"],
-            shard_mtime_ns=meta["shard_mtime_ns"],
-            shard_tag=meta.get("shard_tag", ""),
-            shard_fingerprint=meta.get("shard_fingerprint", ""),
-            names=npz["names"].tobytes(),
-            dirs=[_bytes(d) for d in meta["dirs"]],
-            symlinks={int(i): _bytes(t) for i, t in meta["symlinks"].items()},
-            warnings=meta["warnings"],
-            error=meta["error"],
-            **{name: npz[name] for name in _ARRAYS},
-        )

@@ -10,11 +10,11 @@ import hashlib
 import io
 import logging
 import os
-import zipfile
 
 from shardfs.dirs import cache_dir
 from shardfs.index import fingerprint
-from shardfs.index.shard_index import INDEX_SUFFIX, OutdatedIndex, ShardIndex, build, load, save
+from shardfs.index.index_file import OutdatedIndex, load, save
+from shardfs.index.shard_index import INDEX_SUFFIX, ShardIndex, build
 from shardfs.storage.base import is_url
 from shardfs.storage.local import LocalShard
 
@@ -45,9 +45,22 @@ def _try_load(path, shown: str | None = None) -> ShardIndex | None:
     except OutdatedIndex as exc:
         log.info("index %s: %s; rebuilding", shown or path, exc)
         return None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError) as exc:  # OutdatedIndex is a ValueError too: caught above
         log.warning("ignoring unreadable index %s: %s", shown or path, exc)
         return None
+
+
+def _in_current_format(index: ShardIndex, path: str) -> None:
+    """An index read from an older file format, written again where it was, so that the next
+    mount reads the fast one (a conversion, not a rebuild: the shard is not read)."""
+    if not index.legacy:
+        return
+    try:
+        save(index, path)
+        index.legacy = False
+        log.debug("index %s: rewritten in the current format", path)
+    except OSError as exc:
+        log.info("index %s: cannot rewrite it in the current format (%s); still used", path, exc)
 
 
 def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
@@ -81,6 +94,7 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
             why = _not_describing(index, obj)
             if why is None:
                 index.stored_at = cached
+                _in_current_format(index, cached)
                 return index, "loaded"
             log.info("index %s does not describe %s (%s); rebuilding", cached, url, why)
         beside = url + INDEX_SUFFIX
@@ -120,23 +134,34 @@ def _not_describing(index: ShardIndex, obj) -> str | None:
     return None if now == index.shard_fingerprint else "its fingerprint differs from the object's bytes"
 
 
+def find_current(shard_path: str, index_dir: str | None = None) -> ShardIndex | None:
+    """The persisted index that describes the local shard as it is now (its size and mtime), or
+    None; OSError if the shard cannot be stat'ed."""
+    st = os.stat(shard_path)
+    for path in candidate_paths(shard_path, index_dir):
+        index = _try_load(path)
+        if index is None:
+            continue
+        if is_current(index, st):
+            index.stored_at = path
+            _in_current_format(index, path)
+            return index
+        log.info("index %s is stale (shard changed); rebuilding", path)
+    return None
+
+
 def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
-    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved")."""
+    """The shard's index and how it was obtained ("loaded", "built" or "built, not saved").
+    ``rebuild``: build it without looking for a persisted one."""
     if is_url(shard_path):
         return load_or_build_remote(shard_path, index_dir, rebuild)
-    st = os.stat(shard_path)
-    candidates = candidate_paths(shard_path, index_dir)
     if not rebuild:
-        for path in candidates:
-            index = _try_load(path)
-            if index is None:
-                continue
-            if is_current(index, st):
-                index.stored_at = path
-                return index, "loaded"
-            log.info("index %s is stale (shard changed); rebuilding", path)
+        index = find_current(shard_path, index_dir)
+        if index is not None:
+            return index, "loaded"
+    st = os.stat(shard_path)
     shard = LocalShard(shard_path, st.st_size, st.st_mtime_ns, sequential=True)
     try:
-        return _save_first(build(shard), candidates, shard_path)
+        return _save_first(build(shard), candidate_paths(shard_path, index_dir), shard_path)
     finally:
         shard.close()

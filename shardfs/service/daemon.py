@@ -58,8 +58,9 @@ def _fixed_mmap_threshold() -> None:
 
 
 def _return_freed_memory() -> None:
-    """Merging the indexes leaves ~40 B/member of freed heap that glibc keeps (measured at 1M
-    members: RSS 156 -> 128 MB after this); give it back before serving for hours."""
+    """Merging the indexes, then building the request loop's table, each leave freed heap that
+    glibc keeps (measured at 1M members in 1,000 shards: 155 MB, then 52 MB); give it back
+    before serving for hours."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -158,6 +159,7 @@ class Daemon:
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount else []
         self.server = Server(self.fs, slots, self.mountpoint, options)
+        _return_freed_memory()
         self._listen_for_sighup()
         started = time.monotonic()
         # Idle workers are never destroyed: a pool that shrinks after each burst creates new

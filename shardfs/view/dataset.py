@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
-from shardfs.index import shard_index
+from shardfs.index import index_file, shard_index
 from shardfs.index import store as index_store
 from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError, is_url
@@ -68,30 +68,42 @@ def _load_or_build(args):
         return None, f"{path}: cannot read: {exc.strerror or exc}"
 
 
+def _current(path: str, index_dir: str | None):
+    try:
+        return index_store.find_current(path, index_dir)
+    except OSError:
+        return None  # the shard cannot be stat'ed: its job below says so
+
+
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (processes for local shards; threads for remote ones, which wait on the network).
     ``progress(done, total)`` is called as each index is ready."""
-    jobs = [(p, index_dir, rebuild) for p in paths]
-    remote = any(is_url(p) for p in paths)
+    done: dict[str, tuple] = {}
 
-    def collect(results) -> list:
-        done = []
-        for result in results:
-            done.append(result)
+    def collect(pairs) -> None:
+        for path, result in pairs:
+            done[path] = result
             if progress is not None:
-                progress(len(done), len(jobs))
-        return done
+                progress(len(done), len(paths))
 
-    if remote and len(paths) > 1:
-        with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(paths))) as pool:
-            results = collect(pool.map(_load_or_build, jobs))
-    elif workers > 1 and len(paths) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(paths))) as pool:
-            results = collect(pool.map(_load_or_build, jobs, chunksize=1))
+    if not rebuild:
+        # Current local indexes are read here: a read and a few numpy views each, far less than
+        # what a worker process would spend pickling them back to us (a remount reads them all).
+        local = [p for p in paths if not is_url(p)]
+        collect((p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir) for p in local)) if ix is not None)
+    todo = [p for p in paths if p not in done]
+    # A local shard left over has no current index (it was just looked for): built without looking again.
+    jobs = [(p, index_dir, rebuild or not is_url(p)) for p in todo]
+    if any(is_url(p) for p in todo) and len(todo) > 1:
+        with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
+            collect(zip(todo, pool.map(_load_or_build, jobs)))
+    elif workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool:
+            collect(zip(todo, pool.map(_load_or_build, jobs, chunksize=1)))
     else:
-        results = collect(map(_load_or_build, jobs))
-    return [(p, ix, how) for p, (ix, how) in zip(paths, results)]
+        collect(zip(todo, map(_load_or_build, jobs)))
+    return [(p, *done[p]) for p in paths]
 
 
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
@@ -135,10 +147,10 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
     """The index a shard was served from: to keep the files of a vanished or changed one visible."""
     if shard.index_path:
         try:
-            ix = shard_index.load(shard.index_path)
+            ix = index_file.load(shard.index_path)
             ix.stored_at = shard.index_path
             return ix
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError) as exc:
             log.warning("%s: its index %s is unreadable (%s): its files leave the tree", shard.path,
                         shard.index_path, exc)
     return None

@@ -83,7 +83,11 @@ class Tree:
         for ix in indexes:
             ends.append(ix.name_end + base)
             base += len(ix.names)
-            local_to_global = np.array([self._add_dir(d) for d in ix.dirs], dtype=np.uint32)
+            # Most shards name directories seen already (a thousand class folders each): found in C.
+            found = list(map(self.dir_id.get, ix.dirs))
+            if None in found:
+                found = [self._add_dir(d) for d in ix.dirs]
+            local_to_global = np.array(found, dtype=np.uint32)
             parents.append(local_to_global[ix.parent] if len(ix) else np.empty(0, np.uint32))
         cat = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.empty(0, dtype)  # noqa: E731
         self.name_end = cat(ends, np.int64)
@@ -106,15 +110,24 @@ class Tree:
             d.mode, d.mtime, d.explicit = int(self.mode[m]) or 0o755, float(self.mtime[m]), True
 
         live = (self.kind == Kind.FILE) | (self.kind == Kind.SYMLINK)
-        self._hide_files_shadowed_by_dirs(live, hashes)
-        self._resolve_duplicates(live, hashes)
+        # Files and links by path hash, sorted once for the checks below and for lookups. Not a
+        # stable sort (numpy's quicksort is 6x faster on a million hashes): equal hashes of
+        # different names come in no particular order, and every use compares the names.
+        by_hash = np.flatnonzero(live).astype(np.uint32)
+        by_hash = by_hash[np.argsort(hashes[by_hash])]
+        sorted_hashes = hashes[by_hash]
+        self._hide_files_shadowed_by_dirs(live, by_hash, sorted_hashes)
+        kept = live[by_hash]
+        self._resolve_duplicates(live, by_hash[kept], sorted_hashes[kept])
+        kept = live[by_hash]
+        self.lookup_hash = sorted_hashes[kept]
+        self.lookup_id = by_hash[kept]
 
         ids = np.flatnonzero(live).astype(np.uint32)
-        order = np.argsort(hashes[ids], kind="stable")
-        self.lookup_hash = hashes[ids][order]
-        self.lookup_id = ids[order]
-        order = np.argsort(parent[ids], kind="stable")
-        self.listing = ids[order]  # live members grouped by directory
+        key = parent[ids]
+        if len(self.dirs) <= 1 << 16:
+            key = key.astype(np.uint16)  # numpy's stable sort of 16-bit keys is a radix sort: 6x faster
+        self.listing = ids[np.argsort(key, kind="stable")]  # live members grouped by directory, in member order
         self.listing_start = np.searchsorted(parent[self.listing], np.arange(len(self.dirs) + 1))
         self.ndirs = len(self.dirs)
         self.nfiles = len(ids)
@@ -126,9 +139,11 @@ class Tree:
     def _report(self, line: str) -> None:
         self.problems.append(line)
 
-    def _hide_files_shadowed_by_dirs(self, live: np.ndarray, hashes: np.ndarray) -> None:
+    def _hide_files_shadowed_by_dirs(self, live: np.ndarray, by_hash: np.ndarray, sorted_hashes: np.ndarray) -> None:
         dir_hashes = np.array([path_hash(d.path) for d in self.dirs], dtype=np.uint64)
-        for m in np.flatnonzero(live & np.isin(hashes, dir_hashes)):
+        lo, hi = np.searchsorted(sorted_hashes, dir_hashes, "left"), np.searchsorted(sorted_hashes, dir_hashes, "right")
+        same_hash = [by_hash[a:b] for a, b in zip(lo.tolist(), hi.tolist()) if a < b]
+        for m in np.sort(np.concatenate(same_hash)) if same_hash else ():
             path = self.name(int(m))
             if path in self.dir_id:
                 live[m] = False
@@ -137,11 +152,9 @@ class Tree:
                     "elsewhere; the directory is served"
                 )
 
-    def _resolve_duplicates(self, live: np.ndarray, hashes: np.ndarray) -> None:
-        """Same path in several shards: the shard whose path sorts last wins (like layers)."""
-        ids = np.flatnonzero(live)
-        order = ids[np.argsort(hashes[ids], kind="stable")]
-        sorted_hashes = hashes[order]
+    def _resolve_duplicates(self, live: np.ndarray, order: np.ndarray, sorted_hashes: np.ndarray) -> None:
+        """Same path in several shards: the shard whose path sorts last wins (like layers).
+        ``order``: the live members sorted by their hashes ``sorted_hashes``."""
         same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
         if not len(same):
             return

@@ -1,0 +1,166 @@
+"""A shard's index on disk: one flat file, read back into numpy views without parsing.
+
+Layout (little-endian)::
+
+    magic (8) | version u32 | meta length u32 | crc32 of the rest u32 | 0 u32 | names length u64
+    body: meta, JSON (the shard's size, mtime, tag, fingerprint; warnings; the arrays' names,
+          dtypes and lengths), zeros up to a multiple of 8, then each array's raw bytes in that
+          order, each padded to a multiple of 8
+    names: the member names, concatenated
+
+A remount loads a thousand of these: the arrays are numpy views of the body as read, not copies;
+the names come last so that they are read into a bytes object of their own (not copied out of
+the body, which would hold them twice at the peak of a mount); the directories, per-item Python
+objects before, are one blob (shard_index.SplitOnUse). The crc32 catches a damaged file (as the
+zip of version 2 did), so an index that was truncated or bit-flipped is rebuilt, never trusted
+to say where a member's bytes are.
+
+Version 2 indexes (an uncompressed ``.npz``) are still read: indexes uploaded beside remote
+objects stay usable, and the store rewrites a local one in this format once it is found current.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+from shardfs.atomic import atomic_file
+from shardfs.errors import ShardfsError
+from shardfs.index.shard_index import ShardIndex, SplitOnUse
+
+INDEX_VERSION = 3  # 3: flat file (2: .npz with cls_member/cls_value)
+NPZ_VERSION = 2  # the last .npz version, still read
+MAGIC = b"\x89SFSIDX\n"  # a high first byte and a newline: text-mode mangling shows
+_HEADER = struct.Struct("<8sIIIIQ")
+_ALIGN = 8
+# Per-member (and label) arrays, as ShardIndex names them; "dirs" is a blob of NUL-joined names.
+ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
+
+
+class OutdatedIndex(ShardfsError, ValueError):
+    """Written by another shardfs version: rebuilt, not an error."""
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def text_bytes(s: str) -> bytes:
+    return s.encode("utf-8", "surrogateescape")
+
+
+def _pad(n: int) -> int:
+    return -n % _ALIGN
+
+
+def save(index: ShardIndex, path: str) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half an index."""
+    # Directory names never hold a NUL (names.normalise refuses it): one NUL-joined blob.
+    arrays = [(name, np.ascontiguousarray(getattr(index, name))) for name in ARRAYS]
+    arrays.append(("dirs", np.frombuffer(b"\0".join(index.dirs), np.uint8)))
+    meta = json.dumps({
+        "format": index.format,
+        "shard_size": index.shard_size,
+        "shard_mtime_ns": index.shard_mtime_ns,
+        "shard_tag": index.shard_tag,
+        "shard_fingerprint": index.shard_fingerprint,
+        "ndirs": len(index.dirs),
+        "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
+        "warnings": index.warnings,
+        "error": index.error,
+        "arrays": [[name, a.dtype.str, len(a)] for name, a in arrays],
+    }).encode()
+    parts = [meta, bytes(_pad(len(meta)))]
+    for _, a in arrays:
+        parts += [a.tobytes(), bytes(_pad(a.nbytes))]
+    body = b"".join(parts)
+    crc = zlib.crc32(index.names, zlib.crc32(body))
+    with atomic_file(path) as out:
+        out.write(_HEADER.pack(MAGIC, INDEX_VERSION, len(meta), crc, 0, len(index.names)))
+        out.write(body)
+        out.write(index.names)
+
+
+def load(path) -> ShardIndex:
+    """From a file name, or a binary file object (an index fetched from beside a remote shard).
+    Raises OSError, OutdatedIndex for another version, ValueError for a damaged file."""
+    try:
+        if isinstance(path, (str, os.PathLike)):
+            with open(path, "rb", buffering=0) as f:
+                return _read(f, os.fstat(f.fileno()).st_size)
+        data = path.read()
+        return _read(io.BytesIO(data), len(data))
+    except (KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile) as exc:  # fields missing or wrong
+        raise ValueError(f"damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _read(f, size: int) -> ShardIndex:
+    head = f.read(_HEADER.size)
+    if head[:2] == b"PK":  # a zip: version 2
+        from shardfs.index import index_npz  # older indexes only
+
+        return index_npz.load(head + f.read(), NPZ_VERSION)
+    if len(head) < _HEADER.size or head[:8] != MAGIC:
+        raise ValueError("not a shardfs index")
+    _, version, meta_len, crc, _, names_len = _HEADER.unpack(head)
+    if version != INDEX_VERSION:
+        raise OutdatedIndex(f"index version {version}, this shardfs writes {INDEX_VERSION}")
+    body_len = size - _HEADER.size - names_len
+    if body_len < meta_len:
+        raise ValueError(f"{size} bytes: too short for its header")
+    body = bytearray(body_len)
+    if f.readinto(body) != body_len:
+        raise ValueError("the file changed while it was read")
+    names = f.read(names_len)
+    if len(names) != names_len or f.read(1):
+        raise ValueError("the file changed while it was read")
+    if zlib.crc32(names, zlib.crc32(body)) != crc:
+        raise ValueError("damaged (its checksum does not match)")
+    return _parse(body, meta_len, names)
+
+
+def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
+    meta = json.loads(bytes(body[:meta_len]))
+    pos = meta_len + _pad(meta_len)
+    arrays = {}
+    for name, dtype, count in meta["arrays"]:
+        # Views of the body, not copies: the tree concatenates them and drops the body.
+        arrays[name] = np.frombuffer(body, dtype=np.dtype(dtype), count=count, offset=pos)
+        pos += arrays[name].nbytes + _pad(arrays[name].nbytes)
+    if pos != len(body):
+        raise ValueError(f"a body of {len(body)} bytes, its tables account for {pos}")
+    dirs = SplitOnUse(arrays.pop("dirs").tobytes(), meta["ndirs"])
+    if (dirs.blob.count(b"\0") + 1 if len(dirs) else len(dirs.blob)) != len(dirs):
+        raise ValueError(f"its directories do not match the {len(dirs)} its header says")
+    index = ShardIndex(
+        format=meta["format"],
+        shard_size=meta["shard_size"],
+        shard_mtime_ns=meta["shard_mtime_ns"],
+        shard_tag=meta["shard_tag"],
+        shard_fingerprint=meta["shard_fingerprint"],
+        names=names,
+        dirs=dirs,
+        symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
+        warnings=meta["warnings"],
+        error=meta["error"],
+        **{name: arrays[name] for name in ARRAYS},
+    )
+    check(index)
+    return index
+
+
+def check(index: ShardIndex) -> None:
+    """ValueError unless the arrays agree with each other (what the tree relies on to index them)."""
+    n = len(index.kind)
+    if any(len(getattr(index, name)) != n for name in ARRAYS[:8]):
+        raise ValueError("its member tables differ in length")
+    if n and (int(index.name_end[-1]) != len(index.names) or int(index.parent.max()) >= len(index.dirs)):
+        raise ValueError("its names or directories do not match its members")
+    if len(index.cls_member) != len(index.cls_value) or (len(index.cls_member) and int(index.cls_member.max()) >= n):
+        raise ValueError("its labels do not match its members")

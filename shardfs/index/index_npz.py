@@ -1,0 +1,38 @@
+"""Read an index of version 2 (an uncompressed ``.npz``), as shardfs wrote them before the flat
+file of index_file.py. Kept so that indexes already uploaded beside remote objects, or built
+for a large local dataset, serve without a rebuild; nothing writes this format any more."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+
+from shardfs.index.index_file import ARRAYS, OutdatedIndex, check, text_bytes
+from shardfs.index.shard_index import ShardIndex
+
+
+def load(data: bytes | bytearray, version: int) -> ShardIndex:
+    """The index in ``data``; OutdatedIndex unless it is of ``version``; ValueError, KeyError or
+    zipfile.BadZipFile for a damaged one (index_file.load makes them all ValueErrors)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        meta = json.loads(npz["meta"].tobytes())
+        if meta.get("version") != version:
+            raise OutdatedIndex(f"index version {meta.get('version')}, this shardfs writes a newer one")
+        index = ShardIndex(
+            format=meta["format"],
+            shard_size=meta["shard_size"],
+            shard_mtime_ns=meta["shard_mtime_ns"],
+            shard_tag=meta.get("shard_tag", ""),
+            shard_fingerprint=meta.get("shard_fingerprint", ""),
+            names=npz["names"].tobytes(),
+            dirs=[text_bytes(d) for d in meta["dirs"]],
+            symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
+            warnings=meta["warnings"],
+            error=meta["error"],
+            **{name: npz[name] for name in ARRAYS},
+        )
+    index.legacy = True
+    check(index)
+    return index
