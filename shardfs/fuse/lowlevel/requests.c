@@ -126,6 +126,17 @@ static int64_t enter_node(fuse_req_t req, fuse_ino_t ino, Table **table) {
     return n;
 }
 
+/* The same for a directory; on ENOENT or ENOTDIR replies and returns -1 (table left). */
+static int64_t enter_dir(fuse_req_t req, fuse_ino_t ino, Table **table) {
+    int64_t d = enter_node(req, ino, table);
+    if (d >= 0 && d >= (*table)->ndirs) {
+        table_leave(*table);
+        fuse_reply_err(req, ENOTDIR);
+        return -1;
+    }
+    return d;
+}
+
 /* An xattr value, or its size when asked for 0 bytes. */
 static void reply_xattr(fuse_req_t req, size_t size, const char *value, size_t len) {
     if (size == 0)
@@ -172,14 +183,9 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     Session *s = session_of(req);
     COUNT(s, OP_LOOKUP);
     Table *t;
-    int64_t d = enter_node(req, parent, &t);
+    int64_t d = enter_dir(req, parent, &t);
     if (d < 0)
         return;
-    if (d >= t->ndirs) {
-        table_leave(t);
-        fuse_reply_err(req, ENOTDIR);
-        return;
-    }
     struct fuse_entry_param e;
     int64_t n = find_child(t, (uint32_t)d, name);
     if (n >= 0) {
@@ -230,14 +236,9 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     Session *s = session_of(req);
     COUNT(s, OP_READDIR);
     Table *t;
-    int64_t d = enter_node(req, ino, &t);
+    int64_t d = enter_dir(req, ino, &t);
     if (d < 0)
         return;
-    if (d >= t->ndirs) {
-        table_leave(t);
-        fuse_reply_err(req, ENOTDIR);
-        return;
-    }
     char *buf = malloc(size);
     if (buf == NULL) {
         table_leave(t);
