@@ -341,7 +341,7 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
 }
 
 /* Bytes of a member answered without Python: pinned in the RAM cache, or read from the disk
- * tier into a buffer. fast_bytes fills one of these; fast_done releases it and counts it. */
+ * tier into a buffer. fast_bytes fills one of these; fast_release lets go of it, fast_count counts it. */
 typedef struct {
     Slot *slot;
     char *blocks; /* the disk tier's buffer, NULL for RAM */
@@ -362,15 +362,22 @@ static const char *fast_bytes(const Table *t, uint32_t m, int64_t off, size_t le
     return f->blocks ? bytes : NULL;
 }
 
-/* served: the bytes went out as the answer to this READ (ram/disk reads), or else by a push */
-static void fast_done(Session *s, Fast *f, size_t len, Counter *served) {
+/* Done with the bytes: unpinned, or their buffer freed. */
+static void fast_release(Fast *f) {
+    if (f->blocks)
+        file_buffer_done(f->blocks, f->room);
+    else
+        atomic_fetch_sub(&f->slot->pins, 1);
+}
+
+/* Counts bytes served from f's slot; served: the counter of how (NULL: as a READ's answer, from RAM
+ * or the disk tier). */
+static void fast_count(Session *s, const Fast *f, size_t len, Counter *served) {
     Slot *slot = f->slot;
     if (f->blocks) {
-        file_buffer_done(f->blocks, f->room);
         atomic_fetch_add_explicit(&slot->disk_hits, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&slot->disk_bytes, len, memory_order_relaxed);
     } else {
-        atomic_fetch_sub(&slot->pins, 1);
         atomic_fetch_add_explicit(&slot->hits, 1, memory_order_relaxed);
     }
     atomic_fetch_add_explicit(served ? &served->n : f->blocks ? &s->disk_reads.n : &s->ram_reads.n, 1,
@@ -398,7 +405,8 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     const char *bytes = fast_bytes(t, m, off, len, &f);
     if (bytes) {
         fuse_reply_buf(req, bytes, len);
-        fast_done(s, &f, len, NULL);
+        fast_release(&f);
+        fast_count(s, &f, len, NULL);
         COUNT(s, OP_READ);
         table_leave(t);
         return;
@@ -422,7 +430,11 @@ static void push_member(Session *s, Table *t, uint32_t n, fuse_ino_t ino) {
         struct fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
         bv.buf[0].mem = (void *)bytes;
         int rc = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0);
-        fast_done(s, &f, rc == 0 ? len : 0, rc == 0 ? &s->pushes : &s->push_failures);
+        fast_release(&f);
+        if (rc == 0)
+            fast_count(s, &f, len, &s->pushes);
+        else /* the READ that follows brings them */
+            atomic_fetch_add_explicit(&s->push_failures.n, 1, memory_order_relaxed);
     }
 }
 
