@@ -1,23 +1,20 @@
-"""The compiled request loop (shardfs/fuse/lowlevel/*.c), built against libfuse3 by pip install."""
+"""The compiled request loop (shardfs/fuse/lowlevel/*.c): built by pip install with a C compiler and
+Python's headers alone. It declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and
+binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither."""
 
-import shlex
-import subprocess
+import platform
 
 from setuptools import Extension, setup
 
-
-def pkg_config(*args: str) -> list[str]:
-    try:
-        return shlex.split(subprocess.run(["pkg-config", *args, "fuse3"], check=True, capture_output=True,
-                                          text=True).stdout)
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit("shardfs needs libfuse3's headers to build: apt-get install libfuse3-dev pkg-config") from None
-
+LOWLEVEL = "shardfs/fuse/lowlevel"
 
 setup(ext_modules=[Extension(
     "shardfs.fuse._lowlevel",
-    sources=[f"shardfs/fuse/lowlevel/{name}.c" for name in ("slot", "table", "requests", "session")],
-    depends=["shardfs/fuse/lowlevel/lowlevel.h"],
-    extra_compile_args=pkg_config("--cflags") + ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter"],
-    extra_link_args=pkg_config("--libs") + ["-lz"],  # zlib: crc32, as tierfile writes it
+    sources=[f"{LOWLEVEL}/{name}.c" for name in ("libfuse", "slot", "table", "requests", "session")],
+    depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h"],
+    # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"],
+    # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
+    # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
+    extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if platform.machine() == "x86_64" else [],
 )])

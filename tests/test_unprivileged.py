@@ -108,4 +108,5 @@ def test_nobody_gets_one_clear_line_for_each_missing_prerequisite(world):
     # with /dev/fuse usable, the other two
     out = _as_nobody(world, "errors", fuse_for_all=True)
     assert "allow_other needs 'user_allow_other' in /etc/fuse.conf" in out["allow_other"]
-    assert out["no_fusermount"] == "shardfs: fusermount3 is missing: install it (apt-get install fuse3)"
+    assert out["no_fusermount"] == ("shardfs: fusermount3 is missing: install the fuse3 package (Debian/Ubuntu: "
+                                    "apt-get install fuse3; RHEL/Rocky: dnf install fuse3)")

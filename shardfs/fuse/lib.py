@@ -1,22 +1,73 @@
-"""Load mfusepy on libfuse3, with a message a user can act on when something is missing."""
+"""The node's libfuse3: found once, checked (3.10 or newer), bound by the compiled loop and loaded
+by mfusepy from the same file; and the other prerequisites of a mount. Each missing piece is one
+message a user can act on."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import shutil
 
 from shardfs.errors import UsageError
+from shardfs.fuse import _lowlevel
 
-# mfusepy prefers libfuse2 when both are installed; the compiled loop links libfuse3, and one
-# process must not load both.
-os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+# A libfuse3.so.3 to use in place of the one the loader finds (a path); LD_LIBRARY_PATH works too.
+LIBRARY_SETTING = "SHARDFS_LIBFUSE"
+MIN_VERSION = (3, 10)
+RUNTIME = ("install the fuse3 runtime (Debian/Ubuntu: apt-get install fuse3 libfuse3-3; "
+           "RHEL/Rocky: dnf install fuse3 fuse3-libs)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Libfuse:
+    path: str
+    version: str  # the package's, e.g. "3.10.3"
+    loop_config: bool  # the thread-pool settings of 3.12 (fuse_loop_cfg_*: max_threads)
+
+    def describe(self, max_threads: int, max_idle_threads: int) -> str:
+        """The library and what the loop does with it (for the daemon's log)."""
+        if self.loop_config:
+            return f"libfuse {self.version} ({self.path}): up to {max_threads} threads"
+        return (f"libfuse {self.version} ({self.path}): without the thread cap of libfuse 3.12 "
+                f"(fuse_loop_cfg_set_max_threads), {max_idle_threads} idle threads are kept and more are "
+                f"started while all are busy")
+
+
+def _version(number: int) -> tuple[int, int]:
+    """fuse_version(): major * 100 + minor (libfuse 2 had major * 10 + minor)."""
+    return divmod(number, 100) if number >= 100 else divmod(number, 10)
+
+
+@functools.cache
+def libfuse() -> Libfuse:
+    """Open and bind the node's libfuse3, once per process; UsageError when it is missing or too old."""
+    name = os.environ.get(LIBRARY_SETTING) or "libfuse3.so.3"
+    try:
+        path, number = _lowlevel.libfuse_open(name)
+    except OSError as exc:
+        raise UsageError(f"libfuse3 cannot be loaded ({exc}): {RUNTIME}") from None
+    path = os.path.realpath(path)
+    if _version(number) < MIN_VERSION:
+        found = ".".join(map(str, _version(number)))
+        raise UsageError(f"{path} is libfuse {found}, shardfs needs {'.'.join(map(str, MIN_VERSION))} or newer: "
+                         f"{RUNTIME}") from None
+    try:
+        version, loop_config = _lowlevel.libfuse_bind()
+    except OSError as exc:
+        raise UsageError(f"{path} is not a usable libfuse3 ({exc}): {RUNTIME}") from None
+    # mfusepy (the operations' API) loads the library named here when imported: the same one
+    os.environ["FUSE_LIBRARY_PATH"] = path
+    return Libfuse(path, version, loop_config)
 
 
 def load():
+    """mfusepy on the node's libfuse3."""
+    libfuse()
     try:
         import mfusepy
-    except (OSError, ImportError) as exc:
-        raise UsageError(f"libfuse3 is not usable ({exc}); install it: apt-get install fuse3 libfuse3-3") from None
+    except (OSError, ImportError, AttributeError) as exc:
+        raise UsageError(f"libfuse3 is not usable ({exc}): {RUNTIME}") from None
     return mfusepy
 
 
@@ -35,7 +86,8 @@ def check_can_mount(allow_other: bool = False) -> None:
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise UsageError("/dev/fuse is not accessible to this user: ask your admin to make it 0666")
     if shutil.which("fusermount3") is None:  # non-root mounts and auto_unmount go through it
-        raise UsageError("fusermount3 is missing: install it (apt-get install fuse3)")
+        raise UsageError("fusermount3 is missing: install the fuse3 package (Debian/Ubuntu: apt-get install fuse3; "
+                         "RHEL/Rocky: dnf install fuse3)")
     if allow_other and os.getuid() != 0 and not _user_allow_other():
         raise UsageError("-o allow_other needs 'user_allow_other' in /etc/fuse.conf for non-root users: "
                          "ask your admin, or mount without it")

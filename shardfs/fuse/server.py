@@ -8,6 +8,7 @@ import os
 import signal
 
 from shardfs.fuse import _lowlevel, table
+from shardfs.fuse.lib import libfuse
 from shardfs.fuse.ops import NEGATIVE_TIMEOUT, TIMEOUT, ShardFS
 from shardfs.view.dataset import Dataset
 
@@ -30,6 +31,7 @@ class Server:
         # libfuse installs its stop handlers only where the default is set: Python's own SIGINT
         # handler would never run while this thread is in C.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        log.info("%s", libfuse().describe(max_threads, max_idle_threads))
         return self.session.loop(max_threads, max_idle_threads)
 
     def swap(self, view: Dataset) -> None:

@@ -2,11 +2,11 @@
 #ifndef SHARDFS_LOWLEVEL_H
 #define SHARDFS_LOWLEVEL_H
 
-#define FUSE_USE_VERSION 312
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <fuse_lowlevel.h>
+#include "libfuse.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -19,7 +19,18 @@
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
+
+/* dlopen and its kin moved from libdl into libc in glibc 2.34 under a new symbol version; bound
+ * to their first one (x86_64: GLIBC_2.2.5, which libc keeps, and setup.py links libdl.so.2, where
+ * older glibc has them), the module loads on glibc 2.17 and newer, not only on 2.34 and newer. */
+#if defined(__x86_64__) && defined(__GLIBC__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+__asm__(".symver dladdr,dladdr@GLIBC_2.2.5");
+__asm__(".symver dlclose,dlclose@GLIBC_2.2.5");
+__asm__(".symver dlerror,dlerror@GLIBC_2.2.5");
+#endif
 
 #define CHUNK_LOADED 2 /* shardfs.storage.ram.LOADED */
 
@@ -113,7 +124,10 @@ extern PyTypeObject SlotType, TableType, SessionType;
 extern const struct fuse_lowlevel_ops LL_OPS;
 extern const char *OP_NAMES[OP_COUNT];
 
+/* libfuse.c */
+extern PyMethodDef LIBFUSE_METHODS[];
 /* slot.c */
+int zlib_bind(void);
 uint64_t now_ns(void);
 const char *slot_pin(Slot *s, int64_t off, size_t len);
 char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t *room);

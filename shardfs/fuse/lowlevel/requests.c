@@ -113,7 +113,7 @@ static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *metho
     return result;
 }
 
-static Session *session_of(fuse_req_t req) { return (Session *)fuse_req_userdata(req); }
+static Session *session_of(fuse_req_t req) { return (Session *)libfuse.req_userdata(req); }
 
 /* The table and node of ino for a request; on ENOENT replies and returns -1 (table left). */
 static int64_t enter_node(fuse_req_t req, fuse_ino_t ino, Table **table) {
@@ -121,7 +121,7 @@ static int64_t enter_node(fuse_req_t req, fuse_ino_t ino, Table **table) {
     int64_t n = resolve(t, ino);
     if (n < 0) {
         table_leave(t);
-        fuse_reply_err(req, ENOENT);
+        libfuse.reply_err(req, ENOENT);
     }
     return n;
 }
@@ -131,7 +131,7 @@ static int64_t enter_dir(fuse_req_t req, fuse_ino_t ino, Table **table) {
     int64_t d = enter_node(req, ino, table);
     if (d >= 0 && d >= (*table)->ndirs) {
         table_leave(*table);
-        fuse_reply_err(req, ENOTDIR);
+        libfuse.reply_err(req, ENOTDIR);
         return -1;
     }
     return d;
@@ -140,11 +140,11 @@ static int64_t enter_dir(fuse_req_t req, fuse_ino_t ino, Table **table) {
 /* An xattr value, or its size when asked for 0 bytes. */
 static void reply_xattr(fuse_req_t req, size_t size, const char *value, size_t len) {
     if (size == 0)
-        fuse_reply_xattr(req, len);
+        libfuse.reply_xattr(req, len);
     else if (size < len)
-        fuse_reply_err(req, ERANGE);
+        libfuse.reply_err(req, ERANGE);
     else
-        fuse_reply_buf(req, value, len);
+        libfuse.reply_buf(req, value, len);
 }
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn) {
@@ -197,17 +197,17 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
         e.entry_timeout = s->negative_timeout;
     }
     table_leave(t);
-    fuse_reply_entry(req, &e);
+    libfuse.reply_entry(req, &e);
 }
 
 static void ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
     COUNT(session_of(req), OP_FORGET); /* the arrays outlive every node: nothing to free */
-    fuse_reply_none(req);
+    libfuse.reply_none(req);
 }
 
 static void ll_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets) {
     COUNT(session_of(req), OP_FORGET);
-    fuse_reply_none(req);
+    libfuse.reply_none(req);
 }
 
 static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
@@ -220,7 +220,7 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     struct stat st;
     fill_stat(t, (uint32_t)n, &st);
     table_leave(t);
-    fuse_reply_attr(req, &st, s->entry_timeout);
+    libfuse.reply_attr(req, &st, s->entry_timeout);
 }
 
 static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
@@ -229,7 +229,7 @@ static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
      * it keeps each listing in the directory's page cache, so the next listing never reaches us.
      * A rescan invalidates them (Session.invalidate). */
     COUNT(session_of(req), OP_OPENDIR);
-    fuse_reply_err(req, ENOSYS);
+    libfuse.reply_err(req, ENOSYS);
 }
 
 static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus) {
@@ -242,7 +242,7 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     char *buf = malloc(size);
     if (buf == NULL) {
         table_leave(t);
-        fuse_reply_err(req, ENOMEM);
+        libfuse.reply_err(req, ENOMEM);
         return;
     }
     uint32_t first = t->child_start[d], count = t->child_start[d + 1] - first;
@@ -270,20 +270,20 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
             entry_of(s, t, n, &e);
             if (i < 2)
                 e.ino = 0; /* the kernel takes no reference for . and .. */
-            need = fuse_add_direntry_plus(req, buf + used, room, namebuf, &e, i + 1);
+            need = libfuse.add_direntry_plus(req, buf + used, room, namebuf, &e, i + 1);
             if (i >= 2 && need <= room && s->push && pushable(t, n))
                 mark_unread(t, n); /* the kernel makes its inode from this entry */
         } else {
             struct stat st;
             fill_stat(t, n, &st);
-            need = fuse_add_direntry(req, buf + used, room, namebuf, &st, i + 1);
+            need = libfuse.add_direntry(req, buf + used, room, namebuf, &st, i + 1);
         }
         if (need > room)
             break; /* the kernel's buffer is full: it asks again from this offset */
         used += need;
     }
     table_leave(t);
-    fuse_reply_buf(req, buf, used);
+    libfuse.reply_buf(req, buf, used);
     free(buf);
 }
 
@@ -298,11 +298,11 @@ static void ll_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     /* ENOSYS: the kernel stops sending OPEN/RELEASE for every file of this mount (zero-message
      * opens) and keeps their page cache across opens. */
-    fuse_reply_err(req, ENOSYS);
+    libfuse.reply_err(req, ENOSYS);
 }
 
 static void ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-    fuse_reply_err(req, ENOSYS);
+    libfuse.reply_err(req, ENOSYS);
 }
 
 static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, size_t size, off_t off) {
@@ -311,7 +311,7 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
     if (data == NULL) {
         int err = python_errno();
         PyGILState_Release(g);
-        fuse_reply_err(req, err);
+        libfuse.reply_err(req, err);
         return;
     }
     Py_buffer view;
@@ -319,7 +319,7 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
         int err = python_errno();
         Py_DECREF(data);
         PyGILState_Release(g);
-        fuse_reply_err(req, err);
+        libfuse.reply_err(req, err);
         return;
     }
     if ((size_t)view.len > size) {
@@ -328,12 +328,12 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
         PyErr_Format(PyExc_RuntimeError, "read returned %zd bytes, more than the %zu asked for", view.len, size);
         PyErr_Print();
         PyGILState_Release(g);
-        fuse_reply_err(req, EIO);
+        libfuse.reply_err(req, EIO);
         return;
     }
     /* The buffer (a view of the RAM cache, or bytes) stays alive until the reply is written. */
     Py_BEGIN_ALLOW_THREADS
-    fuse_reply_buf(req, view.buf, (size_t)view.len);
+    libfuse.reply_buf(req, view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     Py_DECREF(data);
@@ -394,7 +394,7 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
         return;
     if (n < t->ndirs) {
         table_leave(t);
-        fuse_reply_err(req, EISDIR);
+        libfuse.reply_err(req, EISDIR);
         return;
     }
     uint32_t m = (uint32_t)n - t->ndirs;
@@ -404,7 +404,7 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     Fast f;
     const char *bytes = fast_bytes(t, m, off, len, &f);
     if (bytes) {
-        fuse_reply_buf(req, bytes, len);
+        libfuse.reply_buf(req, bytes, len);
         fast_release(&f);
         fast_count(s, &f, len, NULL);
         COUNT(s, OP_READ);
@@ -427,9 +427,8 @@ static void push_member(Session *s, Table *t, uint32_t n, fuse_ino_t ino) {
     Fast f;
     const char *bytes = fast_bytes(t, m, 0, len, &f);
     if (bytes) {
-        struct fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
-        bv.buf[0].mem = (void *)bytes;
-        int rc = fuse_lowlevel_notify_store(s->se, ino, 0, &bv, 0);
+        struct fuse_bufvec bv = {.count = 1, .buf = {{.size = len, .mem = (void *)bytes, .fd = -1}}};
+        int rc = libfuse.lowlevel_notify_store(s->se, ino, 0, &bv, 0);
         fast_release(&f);
         if (rc == 0)
             fast_count(s, &f, len, &s->pushes);
@@ -450,7 +449,7 @@ static void ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg
             push_member(s, t, (uint32_t)n, ino);
         table_leave(t);
     }
-    fuse_reply_err(req, ENOTTY);
+    libfuse.reply_err(req, ENOTTY);
 }
 
 static void ll_statfs(fuse_req_t req, fuse_ino_t ino) {
@@ -464,7 +463,7 @@ static void ll_statfs(fuse_req_t req, fuse_ino_t ino) {
     st.f_files = t->ndirs + t->files;
     st.f_namemax = 255;
     table_leave(t);
-    fuse_reply_statfs(req, &st);
+    libfuse.reply_statfs(req, &st);
 }
 
 static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -480,7 +479,7 @@ static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
     if (r == NULL) {
         int err = python_errno();
         PyGILState_Release(g);
-        fuse_reply_err(req, err);
+        libfuse.reply_err(req, err);
         return;
     }
     PyObject *target = PyUnicode_Check(r) ? PyUnicode_EncodeFSDefault(r) : (Py_INCREF(r), r);
@@ -489,10 +488,10 @@ static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
         Py_XDECREF(target);
         PyErr_Clear();
         PyGILState_Release(g);
-        fuse_reply_err(req, EIO);
+        libfuse.reply_err(req, EIO);
         return;
     }
-    fuse_reply_readlink(req, PyBytes_AS_STRING(target));
+    libfuse.reply_readlink(req, PyBytes_AS_STRING(target));
     Py_DECREF(target);
     PyGILState_Release(g);
 }
@@ -506,7 +505,7 @@ static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         return;
     if (strncmp(name, "user.shardfs.", 13) != 0) { /* ls -l asks every file for ACLs and labels */
         table_leave(t);
-        fuse_reply_err(req, ENODATA);
+        libfuse.reply_err(req, ENODATA);
         return;
     }
     PyGILState_STATE g = python_enter();
@@ -516,7 +515,7 @@ static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         int err = r == NULL ? python_errno() : EIO;
         Py_XDECREF(r);
         PyGILState_Release(g);
-        fuse_reply_err(req, err);
+        libfuse.reply_err(req, err);
         return;
     }
     reply_xattr(req, size, PyBytes_AS_STRING(r), (size_t)PyBytes_GET_SIZE(r));
@@ -550,7 +549,7 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     if (bytes == NULL) {
         int err = python_errno();
         PyGILState_Release(g);
-        fuse_reply_err(req, err);
+        libfuse.reply_err(req, err);
         return;
     }
     reply_xattr(req, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
@@ -562,7 +561,7 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 #define REFUSE(req)                                   \
     do {                                              \
         COUNT(session_of(req), OP_WRITE_REFUSED);     \
-        fuse_reply_err(req, EROFS);                   \
+        libfuse.reply_err(req, EROFS);                   \
     } while (0)
 
 static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set, struct fuse_file_info *fi) {

@@ -16,6 +16,10 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|p", kwlist, &ops, &TableType, &table, &mountpoint,
                                      &options, &entry_timeout, &negative_timeout, &push))
         return -1;
+    if (libfuse.session_new == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse is not bound yet (shardfs.fuse.lib.libfuse())");
+        return -1;
+    }
     if (s->se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Session is set up once");
         return -1;
@@ -28,13 +32,13 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     s->negative_timeout = negative_timeout;
     s->push = push;
     char *argv[] = {"shardfs", "-o", (char *)options, NULL};
-    struct fuse_args fargs = FUSE_ARGS_INIT(3, argv);
-    s->se = fuse_session_new(&fargs, &LL_OPS, sizeof LL_OPS, s);
+    struct fuse_args fargs = {.argc = 3, .argv = argv};
+    s->se = libfuse.session_new(&fargs, &LL_OPS, sizeof LL_OPS, s);
     if (s->se == NULL) {
         PyErr_Format(PyExc_OSError, "libfuse refused the options %s (see the lines above)", options);
         return -1;
     }
-    if (fuse_session_mount(s->se, mountpoint) != 0) {
+    if (libfuse.session_mount(s->se, mountpoint) != 0) {
         PyErr_Format(PyExc_OSError, "cannot mount at %s (see the lines above)", mountpoint);
         return -1;
     }
@@ -50,20 +54,27 @@ static PyObject *session_loop(Session *s, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "not mounted");
         return NULL;
     }
-    if (fuse_set_signal_handlers(s->se) != 0) {
+    if (libfuse.set_signal_handlers(s->se) != 0) {
         PyErr_SetString(PyExc_OSError, "cannot install the signal handlers");
         return NULL;
     }
-    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(cfg, max_threads);
-    fuse_loop_cfg_set_idle_threads(cfg, max_idle);
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fuse_session_loop_mt(s->se, cfg);
-    Py_END_ALLOW_THREADS
-    fuse_loop_cfg_destroy(cfg);
-    fuse_remove_signal_handlers(s->se);
-    fuse_session_unmount(s->se);
+    if (libfuse.loop_cfg_create) { /* 3.12: the pool never grows past max_threads */
+        struct fuse_loop_config *cfg = libfuse.loop_cfg_create();
+        libfuse.loop_cfg_set_max_threads(cfg, max_threads);
+        libfuse.loop_cfg_set_idle_threads(cfg, max_idle);
+        Py_BEGIN_ALLOW_THREADS
+        rc = libfuse.session_loop_mt_312(s->se, cfg);
+        Py_END_ALLOW_THREADS
+        libfuse.loop_cfg_destroy(cfg);
+    } else { /* before 3.12 libfuse starts a worker whenever all are busy: no cap */
+        struct fuse_loop_config_v1 cfg = {.clone_fd = 0, .max_idle_threads = max_idle};
+        Py_BEGIN_ALLOW_THREADS
+        rc = libfuse.session_loop_mt_32(s->se, &cfg);
+        Py_END_ALLOW_THREADS
+    }
+    libfuse.remove_signal_handlers(s->se);
+    libfuse.session_unmount(s->se);
     s->mounted = 0;
     /* The operations' destroy, here on this thread (libfuse would call it from
      * fuse_session_destroy, whenever the object goes). */
@@ -105,7 +116,7 @@ static PyObject *session_invalidate(Session *s, PyObject *args) {
             break;
         int rc;
         Py_BEGIN_ALLOW_THREADS
-        rc = fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0);
+        rc = libfuse.lowlevel_notify_inval_inode(s->se, ino, 0, 0);
         Py_END_ALLOW_THREADS
         failed += rc != 0 && rc != -ENOENT;
     }
@@ -141,15 +152,15 @@ static PyObject *session_counts(Session *s, PyObject *unused) {
 
 static PyObject *session_exit(Session *s, PyObject *unused) {
     if (s->se)
-        fuse_session_exit(s->se);
+        libfuse.session_exit(s->se);
     Py_RETURN_NONE;
 }
 
 static void session_dealloc(Session *s) {
     if (s->se) {
         if (s->mounted)
-            fuse_session_unmount(s->se);
-        fuse_session_destroy(s->se);
+            libfuse.session_unmount(s->se);
+        libfuse.session_destroy(s->se);
     }
     Table *t = atomic_load(&s->table);
     Py_XDECREF(t);
@@ -180,9 +191,11 @@ PyTypeObject SessionType = {
 };
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_lowlevel",
-                                    "The request loop of shardfs on libfuse's low-level API.", -1, NULL};
+                                    "The request loop of shardfs on libfuse's low-level API.", -1, LIBFUSE_METHODS};
 
 PyMODINIT_FUNC PyInit__lowlevel(void) {
+    if (zlib_bind() < 0)
+        return NULL;
     if (PyType_Ready(&SlotType) < 0 || PyType_Ready(&TableType) < 0 || PyType_Ready(&SessionType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&MODULE);

@@ -3,6 +3,22 @@
  * refused the shard (every block checked against its crc32 record). */
 #include "lowlevel.h"
 
+/* zlib's crc32, bound at import from the libz.so.1 every system has (Python's zlib module uses
+ * it): a wheel that links it would have to carry its own copy (manylinux does not list libz). */
+static unsigned long (*crc32)(unsigned long crc, const unsigned char *buf, unsigned int len);
+
+int zlib_bind(void) {
+    void *z = dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (z != NULL)
+        *(void **)&crc32 = dlsym(z, "crc32");
+    if (crc32 == NULL) {
+        PyErr_Format(PyExc_ImportError, "zlib's crc32 is missing (%s): install zlib (Debian/Ubuntu: zlib1g; "
+                     "RHEL/Rocky: zlib)", dlerror());
+        return -1;
+    }
+    return 0;
+}
+
 uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -228,7 +244,7 @@ char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t 
         int64_t hi = (c + 1) * s->fchunk < stop ? (c + 1) * s->fchunk : stop;
         for (int64_t b = lo; b < hi && b < have; b += s->block) {
             int64_t n = b + s->block <= have ? s->block : have - b;
-            uLong crc = crc32(0L, (const Bytef *)blocks + (b - begin), (uInt)n);
+            unsigned long crc = crc32(0, (const unsigned char *)blocks + (b - begin), (unsigned int)n);
             if ((uint32_t)crc != record[1 + (b - c * s->fchunk) / s->block])
                 goto done;
         }
