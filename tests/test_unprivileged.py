@@ -1,29 +1,15 @@
-"""A non-root user mounts in their own job, through the setuid fusermount3.
+"""A non-root user mounts in their own job, through the setuid fusermount3 (run as `nobody` in a
+private mount namespace: tests/nobody.py)."""
 
-Runs as `nobody` inside a private mount namespace (unshare -m), so nothing on the machine
-changes: there, /root is replaced by a world-readable tmpfs holding only the Python
-installation (the default interpreter lives under /root, which is 0700), and /dev/fuse by
-a 0666 node of the same device.
-"""
-
-import json
 import os
-import shutil
-import stat
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
+import nobody
 from benchlib import sample
 
-pytestmark = pytest.mark.skipif(
-    os.getuid() != 0 or not all(shutil.which(t) for t in ("unshare", "runuser", "fusermount3")),
-    reason="needs root, unshare, runuser and fusermount3",
-)
-PYTHON = os.path.realpath(sys.executable)
-NOBODY = 65534
+pytestmark = pytest.mark.skipif(not nobody.can_run, reason=nobody.why_not)
+NOBODY = nobody.NOBODY
 
 PAYLOAD = r'''
 import json, os, subprocess, sys
@@ -52,45 +38,20 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A world-readable work area (pytest's own tmp dirs are 0700): shards, mountpoint, home."""
-    top = tempfile.mkdtemp(prefix="shardfs-nobody-")
-    os.chmod(top, 0o755)
-    try:
+def world():
+    """Shards, a mountpoint and the payload where nobody can reach them."""
+    with nobody.world() as top:
         src = os.path.join(top, "src")
         sample.make_imagefolder(src, classes=3, per_class=5, side=48)
         sample.pack_tar_round_robin(src, os.path.join(top, "shards"), shards=2)
-        for d in ("mnt", "home"):
-            os.mkdir(os.path.join(top, d))
-            os.chown(os.path.join(top, d), NOBODY, NOBODY)
         with open(os.path.join(top, "payload.py"), "w") as f:
             f.write(PAYLOAD)
-        for dirpath, dirs, files in os.walk(top):
-            for name in dirs + files:
-                path = os.path.join(dirpath, name)
-                os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
+        nobody.share(top)
         yield top
-    finally:
-        subprocess.run(["fusermount3", "-u", "-z", os.path.join(top, "mnt")], capture_output=True)
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def _as_nobody(world: str, mode: str, fuse_for_all: bool) -> dict:
-    pyenv = PYTHON.split("/versions/")[0] if "/.pyenv/" in PYTHON else None
-    setup = [f"mkdir -p {world}/ns"]
-    if pyenv and PYTHON.startswith("/root/"):
-        setup += [f"mkdir -p {world}/ns/pyenv", f"mount --bind {pyenv} {world}/ns/pyenv",
-                  "mount -t tmpfs -o mode=755 tmpfs /root", f"mkdir -p {pyenv}",
-                  f"mount --bind {world}/ns/pyenv {pyenv}"]
-    if fuse_for_all:
-        setup += [f"{{ [ -e {world}/ns/fuse ] || mknod {world}/ns/fuse c 10 229; }}", f"chmod 666 {world}/ns/fuse",
-                  f"mount --bind {world}/ns/fuse /dev/fuse"]
-    run = (f"runuser -u nobody -- env HOME={world}/home PATH=/usr/local/bin:/usr/bin:/bin "
-           f"{PYTHON} {world}/payload.py {world}/shards {world}/mnt {mode}")
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", " && ".join(setup + [run])],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return nobody.run(world, f"{world}/payload.py", [f"{world}/shards", f"{world}/mnt", mode], fuse_for_all)
 
 
 def test_nobody_mounts_reads_with_imagefolder_and_unmounts(world):

@@ -6,6 +6,7 @@ without downloading anything. Needs Pillow.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 
@@ -44,6 +45,15 @@ def files_under(root: str) -> list[str]:
         for name in files:
             found.append(os.path.relpath(os.path.join(dirpath, name), root))
     return sorted(found)
+
+
+def digests(root: str) -> dict[str, str]:
+    """The sha256 of every file below root, by relative path."""
+    found = {}
+    for rel in files_under(root):
+        with open(os.path.join(root, rel), "rb") as f:
+            found[rel] = hashlib.sha256(f.read()).hexdigest()
+    return found
 
 
 def pack_tar_round_robin(root: str, out_dir: str, shards: int = 4, prefix: str = "train") -> list[str]:
