@@ -7,6 +7,8 @@ import platform
 from setuptools import Extension, setup
 
 LOWLEVEL = "shardfs/fuse/lowlevel"
+# where lowlevel.h binds dlopen and its kin to their first symbol version (glibc on x86_64)
+OLD_DLOPEN = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
 
 setup(ext_modules=[Extension(
     "shardfs.fuse._lowlevel",
@@ -16,5 +18,5 @@ setup(ext_modules=[Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"],
     # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
     # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
-    extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if platform.machine() == "x86_64" else [],
+    extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
 )])

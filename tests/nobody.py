@@ -18,6 +18,8 @@ import sys
 import tempfile
 from typing import Iterator
 
+from benchlib import sample
+
 NOBODY = 65534
 PYTHON = os.path.realpath(sys.executable)
 can_run = os.getuid() == 0 and all(shutil.which(t) for t in ("unshare", "runuser", "fusermount3"))
@@ -25,15 +27,21 @@ why_not = "needs root, unshare, runuser and fusermount3"
 
 
 @contextlib.contextmanager
-def world() -> Iterator[str]:
-    """A world-readable work area (pytest's own tmp dirs are 0700) with a mountpoint and a home
-    owned by nobody; call ``share`` after filling it."""
+def world(payload: str, classes: int, per_class: int) -> Iterator[str]:
+    """A world-readable work area (pytest's own tmp dirs are 0700): an ImageFolder sample in src/,
+    its tar shards in shards/, ``payload`` as payload.py, a mountpoint mnt/ and a home/ owned by
+    nobody."""
     top = tempfile.mkdtemp(prefix="shardfs-nobody-")
     os.chmod(top, 0o755)
     try:
         for d in ("mnt", "home"):
             os.mkdir(os.path.join(top, d))
             os.chown(os.path.join(top, d), NOBODY, NOBODY)
+        sample.make_imagefolder(os.path.join(top, "src"), classes=classes, per_class=per_class, side=48)
+        sample.pack_tar_round_robin(os.path.join(top, "src"), os.path.join(top, "shards"), shards=2)
+        with open(os.path.join(top, "payload.py"), "w") as f:
+            f.write(payload)
+        share(top)
         yield top
     finally:
         subprocess.run(["fusermount3", "-u", "-z", os.path.join(top, "mnt")], capture_output=True)

@@ -60,14 +60,8 @@ def _system_libfuse() -> str | None:
 
 @pytest.fixture(scope="module")
 def world():
-    """Shards, their source's digests, the payload, where nobody reaches them too."""
-    with nobody.world() as top:
-        src = os.path.join(top, "src")
-        sample.make_imagefolder(src, classes=2, per_class=4, side=32)
-        sample.pack_tar_round_robin(src, os.path.join(top, "shards"), shards=2)
-        with open(os.path.join(top, "payload.py"), "w") as f:
-            f.write(PAYLOAD)
-        nobody.share(top)
+    """Shards, their source, the payload, where nobody reaches them too."""
+    with nobody.world(PAYLOAD, classes=2, per_class=4) as top:
         yield top
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tarfile
 import tempfile
@@ -24,6 +23,7 @@ import pytest
 from benchlib.cli import REPO
 from conftest import needs_fuse
 from benchlib import sample
+import nobody
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
 
 pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]
@@ -68,14 +68,6 @@ def readme_job_script() -> str:
     return block.group(1)
 
 
-def _world_readable(top: str) -> None:
-    for dirpath, dirs, files in os.walk(top):
-        for name in dirs + files:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
-
-
 @pytest.fixture(scope="module")
 def cluster():
     """A running single-node Slurm plus a world-readable area: shards, a home for nobody, job folders."""
@@ -93,7 +85,7 @@ def cluster():
         assert done.returncode == 0, done.stderr
         os.mkdir(os.path.join(top, "home"))
         os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
-        _world_readable(top)
+        nobody.share(top)
         yield c
     finally:
         c.stop()
@@ -244,7 +236,7 @@ def big_shards(cluster):
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
                 digests[name] = hashlib.sha256(data).hexdigest()
-    _world_readable(out)
+    nobody.share(out)
     return out, digests
 
 

@@ -1,12 +1,9 @@
 """A non-root user mounts in their own job, through the setuid fusermount3 (run as `nobody` in a
 private mount namespace: tests/nobody.py)."""
 
-import os
-
 import pytest
 
 import nobody
-from benchlib import sample
 
 pytestmark = pytest.mark.skipif(not nobody.can_run, reason=nobody.why_not)
 NOBODY = nobody.NOBODY
@@ -40,13 +37,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def world():
     """Shards, a mountpoint and the payload where nobody can reach them."""
-    with nobody.world() as top:
-        src = os.path.join(top, "src")
-        sample.make_imagefolder(src, classes=3, per_class=5, side=48)
-        sample.pack_tar_round_robin(src, os.path.join(top, "shards"), shards=2)
-        with open(os.path.join(top, "payload.py"), "w") as f:
-            f.write(PAYLOAD)
-        nobody.share(top)
+    with nobody.world(PAYLOAD, classes=3, per_class=5) as top:
         yield top
 
 

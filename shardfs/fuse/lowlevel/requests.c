@@ -16,6 +16,8 @@
  *   requests.c  this file: the answer to each request
  *   session.c   Session: the mount (the libfuse session, the current Table, per-op counters) and
  *               the Python module
+ *   libfuse.c   the node's libfuse3, bound when shardfs starts (libfuse.h: our declarations of
+ *               its API; calls read libfuse.reply_err(...) for fuse_reply_err(...))
  */
 #include "lowlevel.h"
 
