@@ -109,11 +109,14 @@ def test_foreground_daemon_exits_zero_on_sigterm_and_unmounts(tar_shards, tmp_pa
         force_unmount(str(mnt))
 
 
-def test_missing_libfuse3_is_one_clear_line(tar_shards, tmp_path):
+def test_a_libfuse_setting_naming_nothing_is_one_clear_line(tar_shards, tmp_path):
+    """SHARDFS_LIBFUSE naming no file (test_libfuse.py: no libfuse3 on the node at all)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    env = {**os.environ, "FUSE_LIBRARY_PATH": str(tmp_path / "no-such-libfuse3.so")}
-    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), env=env), "libfuse3", "apt-get install")
+    env = {**os.environ, "SHARDFS_LIBFUSE": str(tmp_path / "no-such-libfuse3.so.3")}
+    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), env=env),
+                    f"SHARDFS_LIBFUSE={tmp_path}/no-such-libfuse3.so.3 cannot be loaded", "unset it")
+    assert not os.path.ismount(mnt)
 
 
 @pytest.mark.skipif(os.getuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")

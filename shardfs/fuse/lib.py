@@ -42,10 +42,13 @@ def _version(number: int) -> tuple[int, int]:
 @functools.cache
 def libfuse() -> Libfuse:
     """Open and bind the node's libfuse3, once per process; UsageError when it is missing or too old."""
-    name = os.environ.get(LIBRARY_SETTING) or "libfuse3.so.3"
+    chosen = os.environ.get(LIBRARY_SETTING)
     try:
-        path, number = _lowlevel.libfuse_open(name)
+        path, number = _lowlevel.libfuse_open(chosen or "libfuse3.so.3")
     except OSError as exc:
+        if chosen:
+            raise UsageError(f"{LIBRARY_SETTING}={chosen} cannot be loaded ({exc}): point it at a libfuse3.so.3 "
+                             f"or unset it") from None
         raise UsageError(f"libfuse3 cannot be loaded ({exc}): {RUNTIME}") from None
     path = os.path.realpath(path)
     if _version(number) < MIN_VERSION:
