@@ -16,6 +16,7 @@ import pytest
 
 from conftest import drop_page_cache, needs_fuse, shardfs_cmd
 from test_disk_tier import tar_bytes, write_shards
+from shardfs.service.daemon import _peers_status
 from shardfs.storage.peers import auth, owner
 from shardfs.storage.peers.server import FAULT_ENV
 
@@ -116,6 +117,11 @@ def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
     for m in mounts:
         assert check_all(m.path, digests, drop=True) == []
     assert storage_read(mounts) == total
+    a, b = mounts[:2]
+    prometheus = shardfs_cmd("stats", a.path, "--format", "prometheus", check=True).stdout
+    assert "shardfs_peer_fetched_bytes_total" in prometheus and f'peer="{b.address}"' in prometheus
+    assert "peers     3 up, 0 down" in shardfs_cmd("stats", a.path, "--watch", "--count", "1", check=True).stdout
+    assert "; peers 3 up, 0 down" in _peers_status(a.stats()["peers"])  # the service's STATUS line
 
 
 def test_without_peers_every_node_reads_storage_itself(mount, dataset):

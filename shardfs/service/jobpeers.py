@@ -29,7 +29,7 @@ def slurm_peers(env: dict | None = None) -> tuple[list[str] | None, str | None]:
         return None, None
     try:  # the compressed list (node[01-04,07]) is expanded by Slurm itself
         done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                              timeout=30, check=True)
+                              timeout=30, check=True, env=dict(env))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("cannot expand SLURM_JOB_NODELIST %s (%s): no peers; each node reads shared storage itself",
                     nodelist, exc)
