@@ -46,15 +46,17 @@ def key_file(tmp_path, monkeypatch):
 def nodes(mount, key_file, monkeypatch):
     """``nodes(sources, options=..., faults={i: fault})``: one mount per source, all peers of each other."""
 
-    def start(sources: list, options=(), faults: dict | None = None, peers: list[str] | None = None):
-        peers = peers or addresses(len(sources))
+    def start(sources: list, options=(), faults: dict | None = None, each=None):
+        """``each(i, address, peers)``: options of node i alone."""
+        peers = addresses(len(sources))
         made = []
         for i, (src, me) in enumerate(zip(sources, peers)):
             if faults and i in faults:
                 monkeypatch.setenv(FAULT_ENV, faults[i])
             else:
                 monkeypatch.delenv(FAULT_ENV, raising=False)
-            made.append(mount(src, options=("--peers", ",".join(peers), "--peer-self", me, *options),
+            own = each(i, me, peers) if each else ()
+            made.append(mount(src, options=("--peers", ",".join(peers), "--peer-self", me, *options, *own),
                               name=f"node{i}"))
         monkeypatch.delenv(FAULT_ENV, raising=False)
         for m in made:
@@ -122,6 +124,47 @@ def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
     assert "shardfs_peer_fetched_bytes_total" in prometheus and f'peer="{b.address}"' in prometheus
     assert "peers     3 up, 0 down" in shardfs_cmd("stats", a.path, "--watch", "--count", "1", check=True).stdout
     assert "; peers 3 up, 0 down" in _peers_status(a.stats()["peers"])  # the service's STATUS line
+
+
+def owned_bytes(shards, peers: list[str], me: str) -> int:
+    """What node ``me`` owns of the shards, by the rule every node applies."""
+    return sum(p.stat().st_size for p in shards.glob("*.tar")
+               if owner.owner(owner.identity(str(p), p.stat().st_size, p.stat().st_mtime_ns), peers) == me)
+
+
+def test_the_nodes_ram_adds_up_owned_shards_go_first(nodes, tmp_path):
+    """Each node's budget holds what it owns and two shards more, far from the whole dataset:
+    epochs 1 and 2 through every node read shared storage once in all, as owned shards evict others."""
+    shards = tmp_path / "many"
+    digests = write_shards(shards, shards=12, members=6, largest=400_000)
+    largest = max(p.stat().st_size for p in shards.glob("*.tar"))
+    budgets = {}
+
+    def budget(i, me, peers):
+        budgets[me] = owned_bytes(shards, peers, me) + 2 * largest
+        return ("--cache-size", str(budgets[me]))
+
+    mounts = nodes([shards] * 3, each=budget)
+    for epoch in range(2):
+        for m in mounts:
+            assert check_all(m.path, digests, drop=True) == []
+    assert storage_read(mounts) == tar_bytes(shards)
+    for m in mounts:
+        cache = m.stats()["cache"]
+        assert cache["used_bytes"] <= budgets[m.address] < tar_bytes(shards)
+
+
+def test_owners_serve_from_their_disk_tier(nodes, dataset, tmp_path):
+    """No shard fits in RAM: members come from the owners' disk tiers, filled from storage once;
+    the other nodes fill their tiers from the owners."""
+    shards, digests = dataset
+    mounts = nodes([shards] * 3, options=("--cache-size", SMALL_RAM),
+                   each=lambda i, me, peers: ("--disk-cache", str(tmp_path / f"tier{i}")))
+    for m in mounts:
+        assert check_all(m.path, digests, drop=True) == []
+    assert storage_read(mounts) == tar_bytes(shards)
+    for m in mounts:
+        assert m.stats()["peers"]["bytes_from_peers"] > 0
 
 
 def test_without_peers_every_node_reads_storage_itself(mount, dataset):

@@ -5,8 +5,8 @@ A reply counts only if it is 206 for exactly the range asked, names the shard as
 as many bytes as asked, their CRC-32 matches the one sent, and its HMAC proves it comes from a
 holder of our key for this request and this body. Anything else is a failure of that peer.
 
-A peer that refuses, resets, sends no byte within FIRST_BYTE_S, or sends far slower than
-MIN_RATE is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
+A peer that refuses, resets, sends no byte within FIRST_BYTE_S, or sends far slower than the
+peers do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
 it again; it is *up* again as soon as a reply passes. Host names are resolved at connect time
 (getaddrinfo: /etc/hosts and DNS), as a node's name may resolve only on the nodes themselves.
 """
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 FIRST_BYTE_S = 2.0  # no connection or no byte for this long: the peer is too slow (or frozen)
 MIN_RATE = 5e6  # bytes/s: a transfer slower than this is far below any healthy peer here
+SLOW_SHARE = 0.1  # ... as is one slower than this share of the running average
+RATE_SAMPLE = 1 << 20  # replies this large or larger make the running average (smaller: latency)
 BACKOFF_S, MAX_BACKOFF_S = 1.0, 60.0
 
 
@@ -53,6 +55,7 @@ class PeerClient:
         self.key = key
         self.health = {peer: Health() for peer in peers if peer != me}
         self.counts = dict(bytes_from_peers=0, requests=0, failures=0)
+        self.rate = 0.0  # bytes/s of large replies, a running average over all peers
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="shardfs-peer-client", daemon=True).start()
@@ -87,9 +90,11 @@ class PeerClient:
         if first:
             log.warning("peer %s is down (%s): its shards go to the next peer in their order", peer, why)
 
-    def _ok(self, peer: str, nbytes: int) -> None:
+    def _ok(self, peer: str, nbytes: int, seconds: float) -> None:
         with self._lock:
             self.counts["bytes_from_peers"] += nbytes
+            if nbytes >= RATE_SAMPLE and seconds > 0:
+                self.rate = nbytes / seconds if not self.rate else 0.9 * self.rate + 0.1 * nbytes / seconds
             h = self.health[peer]
             h.backoff = BACKOFF_S
             if h.down_since is None:
@@ -107,9 +112,11 @@ class PeerClient:
 
     def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float) -> bytes:
         """The checked bytes, or PeerFailure (the peer's health updated either way)."""
-        timeout = min(budget, FIRST_BYTE_S + length / MIN_RATE)
         with self._lock:
             self.counts["requests"] += 1
+            slowest = max(MIN_RATE, SLOW_SHARE * self.rate)
+        timeout = min(budget, FIRST_BYTE_S + length / slowest)
+        began = time.monotonic()
         future = asyncio.run_coroutine_threadsafe(self._get(peer, digest, offset, length, timeout), self._loop)
         try:
             data = future.result(timeout + 1)
@@ -121,7 +128,7 @@ class PeerClient:
             why = f"no answer within {timeout:.1f} s" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             self._failed(peer, why, True)
             raise PeerFailure(why) from None
-        self._ok(peer, len(data))
+        self._ok(peer, len(data), time.monotonic() - began)
         return data
 
     async def _get(self, peer: str, digest: str, offset: int, length: int, timeout: float) -> bytes:
