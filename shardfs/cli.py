@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--peers", metavar="HOST:PORT,...",
                    help="the nodes that serve shards to each other (one owner per shard reads shared storage), "
                         "or @FILE (one per line), or 'off'. Default: none; `shardfs run` in a Slurm job with "
-                        "more than one node uses the job's nodes, port 20000 + job id %% 10000")
+                        "more than one node uses the job's nodes, port 10000 + job id %% 10000")
     m.add_argument("--peer-self", metavar="HOST:PORT",
                    help="this node's entry in --peers (default: the one whose host is this machine's name "
                         "or one of its addresses); the peer server listens there only")

@@ -143,9 +143,9 @@ def test_peers_from_every_front_door(tmp_path):
 def test_a_slurm_job_of_several_nodes_makes_its_nodes_peers(tmp_path):
     conf = tmp_path / "slurm.conf"  # scontrol wants a configuration, though it only expands the list
     conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=node[1-3] CPUs=1\n")
-    env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "node[1-3]",
+    env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_JOB_ID": "113456", "SLURM_JOB_NODELIST": "node[1-3]",
            "SLURMD_NODENAME": "node2"}
-    assert job_port("123456") == 23456
-    assert slurm_peers(env) == (["node1:23456", "node2:23456", "node3:23456"], "node2:23456")
+    assert job_port("113456") == 13456
+    assert slurm_peers(env) == (["node1:13456", "node2:13456", "node3:13456"], "node2:13456")
     assert slurm_peers({**env, "SLURM_JOB_NODELIST": "node1"}) == (None, None)  # one node: today's behaviour
     assert slurm_peers({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) == (None, None)

@@ -1,9 +1,10 @@
 """The peers of a batch job: in a Slurm job with more than one node, every node of the job.
 
-The port is derived from the job id, PORT_BASE + id % PORT_SPAN (20000 to 29999: below Linux's
-range of ephemeral ports, 32768 and up), so every node of a job computes the same list and two
-jobs sharing a node differ unless their ids differ by a multiple of 10000 (then the second one's
-mount fails, saying the port is in use: give --peers, or --peers off).
+The port is derived from the job id, PORT_BASE + id % PORT_SPAN (10000 to 19999: below Linux's
+range of ephemeral ports, 32768 and up, and apart from the README job script's torchrun port,
+20000 + id % 20000), so every node of a job computes the same list and two jobs sharing a node
+differ unless their ids differ by a multiple of 10000 (then the second one's mount fails, saying
+the port is in use: give --peers, or --peers off).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 
 log = logging.getLogger("shardfs")
 
-PORT_BASE, PORT_SPAN = 20000, 10000
+PORT_BASE, PORT_SPAN = 10000, 10000
 
 
 def job_port(job_id: str) -> int:
