@@ -140,7 +140,10 @@ class PeerClient:
         async with self._session.get(f"http://{peer}{target}", headers={"Range": byte_range, auth.HEADER: proof},
                                      timeout=limits) as reply:
             if reply.status != 206:
-                raise PeerFailure(f"HTTP {reply.status}: {(await reply.text())[:200]}", down=reply.status != 404)
+                why = (await reply.content.read(200)).decode("utf-8", "replace")
+                raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
+            if reply.content_length != length:  # before reading a body we would not use
+                raise PeerFailure(f"reply of {reply.content_length} bytes for {length}")
             body = await reply.read()
             h = reply.headers
         try:
