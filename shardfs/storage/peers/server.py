@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import os
 import threading
@@ -83,7 +84,22 @@ class PeerServer:
             return
         started.set_result(None)
         log.info("serving shards to peers at %s", self.address)
+        self._warn_if_unreachable(host)
         loop.run_forever()
+
+    def _warn_if_unreachable(self, host: str) -> None:
+        """A node's name that resolves to loopback here (Debian's 127.0.1.1 line in /etc/hosts)
+        puts the server where no other machine reaches it. (An address given as such is meant.)"""
+        try:
+            ipaddress.ip_address(host)
+            return
+        except ValueError:
+            pass
+        bound = [ipaddress.ip_address(address[0]) for address in self._runner.addresses]
+        if bound and all(address.is_loopback for address in bound):
+            log.warning("peer address %s: %s resolves to %s on this node, where no other node can reach it; "
+                        "name this node by its cluster address in --peers and --peer-self", self.address, host,
+                        ", ".join(map(str, bound)))
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
