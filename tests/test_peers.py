@@ -320,3 +320,65 @@ def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path,
         assert peers is None
     else:
         assert peers["self"] == expect[0] and peers["peers"] == len(expect)
+
+
+def rewrite_in_place(shards) -> dict:
+    """A new version of every shard, of the same size: each first member's bytes flipped, a later
+    mtime. Returns {member: sha256} of the new version."""
+    import tarfile
+
+    digests = {}
+    for path in sorted(shards.glob("*.tar")):
+        with tarfile.open(path) as tf:
+            first = tf.getmembers()[0]
+        with open(path, "r+b") as f:
+            f.seek(first.offset_data)
+            head = f.read(16)
+            f.seek(first.offset_data)
+            f.write(bytes(b ^ 0xFF for b in head))
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                digests[m.name] = hashlib.sha256(tf.extractfile(m).read()).hexdigest()
+    return digests
+
+
+def test_a_peer_holding_an_older_version_of_a_shard_is_never_trusted(nodes, dataset, tmp_path):
+    """Node 0 mounts the shards and reads them all into its RAM cache, then they change in place
+    (same sizes), then node 1 mounts them: node 1 serves the new bytes, never node 0's."""
+    shards, digests = dataset
+    changed = {}
+
+    def change_before_node_1(i, me, peers):
+        if i == 1:
+            assert check_all(str(tmp_path / "node0"), digests) == []  # the mount fixture's path
+            changed.update(rewrite_in_place(shards))
+        return ()
+
+    older, newer = nodes([shards] * 2, each=change_before_node_1)
+    assert check_all(newer.path, changed) == []
+    assert newer.stats()["peers"]["bytes_from_peers"] == 0
+
+
+def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file):
+    """Through the Python API; SIGHUP on both nodes: the new shards' files, from their owners."""
+    import shardfs
+
+    shards = tmp_path / "shards"
+    digests = write_shards(shards, shards=2, members=4, largest=200_000)
+    peers = addresses(2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with shardfs.mounted(shards, tmp_path / "a", peers=peers, peer_self=peers[0]) as a, \
+            shardfs.mounted(shards, tmp_path / "b", peers=peers, peer_self=peers[1]) as b:
+        assert check_all(a, digests) == []
+        digests.update(write_shards(shards, seed=8, shards=6, members=4, largest=200_000, first=2))
+        for root in (a, b):
+            os.kill(json.loads(os.getxattr(root, "user.shardfs.stats"))["pid"], signal.SIGHUP)
+        for root in (a, b):
+            wait_for(lambda: json.loads(os.getxattr(root, "user.shardfs.stats"))["shards"] == 8)
+        assert check_all(a, digests) == [] and check_all(b, digests) == []
+        figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
+        assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
+        assert all(f["bytes_from_peers"] > 0 for f in figures)
