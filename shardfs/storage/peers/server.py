@@ -72,6 +72,7 @@ class PeerServer:
         loop = self._loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_get("/shard/{digest}", self._shard)
+        app.router.add_get("/alive", self._alive)  # no data, no key: a sign of life while a read takes long
         self._runner = web.AppRunner(app, access_log=None)
         host, port = split(self.address)
         try:
@@ -104,6 +105,11 @@ class PeerServer:
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.counts[key] += n
+
+    async def _alive(self, request):
+        from aiohttp import web
+
+        return web.Response(status=204)
 
     async def _shard(self, request):
         from aiohttp import web
