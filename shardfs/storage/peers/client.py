@@ -123,7 +123,8 @@ class PeerClient:
         work = self._get(peer, digest, offset, length, budget, FIRST_BYTE_S + length / slowest)
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
-            data, seconds = future.result(budget + FIRST_BYTE_S + 1)
+            data, seconds, headers, proof = future.result(budget + FIRST_BYTE_S + 1)
+            self._check(headers, data, digest, offset, length, proof)  # here: the event loop goes on
         except PeerFailure as exc:
             self._failed(peer, str(exc), exc.down)
             raise
@@ -136,7 +137,7 @@ class PeerClient:
         return data
 
     async def _get(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
-        """(body, seconds its transfer took). An owner may need a while to read a shard from
+        """(body, seconds its transfer took, headers, the request's proof), unchecked. An owner may need a while to read a shard from
         storage before it replies: while no reply comes, the peer is asked every FIRST_BYTE_S
         whether it is alive at all; one that is not (frozen, gone) fails at once, one that is
         gets the whole ``budget`` (then fails without being marked down)."""
@@ -170,8 +171,7 @@ class PeerClient:
                 self._exchange(f"http://{peer}{target}", byte_range, proof, length, transfer), budget)
         except asyncio.TimeoutError:
             raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False) from None
-        self._check(headers, body, digest, offset, length, proof)
-        return body, seconds
+        return body, seconds, headers, proof
 
     async def _exchange(self, url: str, byte_range: str, proof: str, length: int, transfer: float):
         limits = self._aiohttp.ClientTimeout(total=None, sock_connect=FIRST_BYTE_S)

@@ -135,11 +135,11 @@ class PeerServer:
         if offset is None or end is None or not 0 <= offset < end <= shard.size or wanted.step not in (None, 1):
             return web.Response(status=416, text=f"expected a range within {shard.size} bytes")
         try:
-            data = await asyncio.get_running_loop().run_in_executor(self._pool, self.read, shard, offset, end - offset)
+            data, crc = await asyncio.get_running_loop().run_in_executor(self._pool, self._read, shard, offset,
+                                                                         end - offset)
         except ShardIOError as exc:
             self._count("requests_failed")
             return web.Response(status=503, text=str(exc))
-        crc = zlib.crc32(data)
         headers = {"Content-Range": f"bytes {offset}-{end - 1}/{shard.size}", "X-Shardfs-Shard": shard.digest,
                    "X-Shardfs-Crc32": str(crc), "X-Shardfs-Proof": auth.sign_reply(self.key, proof, crc, len(data))}
         if self.fault:
@@ -147,6 +147,11 @@ class PeerServer:
         self._count("requests_served")
         self._count("bytes_to_peers", len(data))
         return web.Response(status=206, body=data, headers=headers)
+
+    def _read(self, shard, offset: int, length: int):
+        """The bytes and their CRC-32 (on a pool thread: the event loop serves others meanwhile)."""
+        data = self.read(shard, offset, length)
+        return data, zlib.crc32(data)
 
     def _damage(self, data, headers: dict):
         data = bytearray(data)
