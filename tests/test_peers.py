@@ -328,7 +328,8 @@ def slurm_job_env(tmp_path, job_id: str, nodes: str, me: str) -> dict:
 def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path, key_file, extra, expect):
     shards, _ = dataset
     env = slurm_job_env(tmp_path, "1234", "127.0.0.[2-3]", "127.0.0.2")
-    show = "import json, os; print(json.dumps(json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')).get('peers')))"
+    show = ("import json, os; figures = os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats'); "
+            "print(json.dumps(json.loads(figures).get('peers')))")
     done = shardfs_cmd("run", shards, tmp_path / "mnt", *extra, "--", sys.executable, "-c", show, env=env)
     assert done.returncode == 0, done.stderr
     peers = json.loads(done.stdout)

@@ -7,9 +7,10 @@ holder of our key for this request and this body. Anything else is a failure of 
 
 A peer that refuses, resets, does not answer within FIRST_BYTE_S (a reply, or else a sign of
 life: an owner may be reading the shard from storage first), or sends far slower than the peers
-do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
-it again; it is *up* again as soon as a reply passes. Host names are resolved at connect time
-(getaddrinfo: /etc/hosts and DNS), as a node's name may resolve only on the nodes themselves.
+do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a
+backoff (1 s, doubling to 60 s), after which a request tries it again; it is *up* again as soon
+as a reply passes. Host names are resolved at connect time (getaddrinfo: /etc/hosts and DNS),
+as a node's name may resolve only on the nodes themselves.
 """
 
 from __future__ import annotations
@@ -137,10 +138,12 @@ class PeerClient:
         return data
 
     async def _get(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
-        """(body, seconds its transfer took, headers, the request's proof), unchecked. An owner may need a while to read a shard from
-        storage before it replies: while no reply comes, the peer is asked every FIRST_BYTE_S
-        whether it is alive at all; one that is not (frozen, gone) fails at once, one that is
-        gets the whole ``budget`` (then fails without being marked down)."""
+        """(body, seconds its transfer took, headers, the request's proof), unchecked.
+
+        An owner may need a while to read a shard from storage before it replies: while no reply
+        comes, the peer is asked every FIRST_BYTE_S whether it is alive at all; one that is not
+        (frozen, gone) fails at once, one that is gets the whole ``budget`` (then fails without
+        being marked down)."""
         asking = asyncio.ensure_future(self._request(peer, digest, offset, length, budget, transfer))
         try:
             while True:
