@@ -433,17 +433,21 @@ def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_
     flag = tmp_path / "hang"
     with hanging_storage(tmp_path, src, slow, flag) as storage:
         a, b = nodes([storage] * 2, peers=peers)
-        with tarfile.open(src / slow) as tf:
-            name = tf.getmembers()[0].name
-        flag.touch()
-        got = []
-        thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
-        thread.start()
         try:
-            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
-        finally:
-            flag.unlink()
-            thread.join(timeout=60)
-        assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
-        figures = a.stats()["peers"]
-        assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+            with tarfile.open(src / slow) as tf:
+                name = tf.getmembers()[0].name
+            flag.touch()
+            got = []
+            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
+            thread.start()
+            try:
+                wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            finally:
+                flag.unlink()
+                thread.join(timeout=60)
+            assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
+            figures = a.stats()["peers"]
+            assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+        finally:  # the nodes before the storage they read
+            for node in (a, b):
+                force_unmount(node.path, node.pid)
