@@ -1,0 +1,453 @@
+"""Peers through real mounts: three daemons as nodes on 127.0.0.2-4, each with its own peer
+server, serving shards to each other. Every file read through every node is checked by sha256;
+shared storage is read about once per dataset; a peer killed or frozen during reads costs no
+reader an error; damaged or foreign replies are never served; requests without the key are refused."""
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
+from test_disk_tier import tar_bytes, write_shards
+from shardfs.service.daemon import _peers_status
+from shardfs.storage.peers import auth, owner
+from shardfs.storage.peers.server import FAULT_ENV
+
+pytestmark = needs_fuse
+
+SMALL_RAM = "1M"  # no shard fits: every read is one member's bytes, asked from the owner each time
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def addresses(count: int) -> list[str]:
+    return [f"127.0.0.{2 + i}:{free_port(f'127.0.0.{2 + i}')}" for i in range(count)]
+
+
+@pytest.fixture
+def key_file(tmp_path, monkeypatch):
+    path = tmp_path / "home" / "peer.key"
+    monkeypatch.setenv(auth.KEY_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def nodes(mount, key_file, monkeypatch):
+    """``nodes(sources, options=..., faults={i: fault})``: one mount per source, all peers of each other."""
+
+    def start(sources: list, options=(), faults: dict | None = None, each=None, peers=None):
+        """``each(i, address, peers)``: options of node i alone."""
+        peers = peers or addresses(len(sources))
+        made = []
+        for i, (src, me) in enumerate(zip(sources, peers)):
+            if faults and i in faults:
+                monkeypatch.setenv(FAULT_ENV, faults[i])
+            else:
+                monkeypatch.delenv(FAULT_ENV, raising=False)
+            own = each(i, me, peers) if each else ()
+            made.append(mount(src, options=("--peers", ",".join(peers), "--peer-self", me, *options, *own),
+                              name=f"node{i}"))
+        monkeypatch.delenv(FAULT_ENV, raising=False)
+        for m in made:
+            m.address = peers[made.index(m)]
+        return made
+
+    return start
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    out = tmp_path / "shards"
+    digests = write_shards(out, shards=8, members=8, largest=400_000)
+    return out, digests
+
+
+def check_all(mnt: str, digests: dict, drop: bool = False) -> list[str]:
+    """Paths whose bytes through ``mnt`` differ from the source's, or fail to read."""
+    wrong = []
+    for name, want in digests.items():
+        path = os.path.join(mnt, name)
+        try:
+            if drop:
+                drop_page_cache(path)
+            with open(path, "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != want:
+                    wrong.append(f"{name}: other bytes")
+        except OSError as exc:
+            wrong.append(f"{name}: {exc}")
+    return wrong
+
+
+def wait_for(what, timeout: float = 30.0, step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout} s: {what.__doc__ or what}")
+
+
+def storage_read(nodes) -> int:
+    return sum(n.stats()["peers"]["storage_bytes_read"] for n in nodes)
+
+
+def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
+    shards, digests = dataset
+    mounts = nodes([shards] * 3)
+    for m in mounts:
+        assert check_all(m.path, digests) == []
+    total = tar_bytes(shards)
+    # Each shard is read from storage by its owner only, whole, once: 1x the dataset (not 3x).
+    assert storage_read(mounts) == total
+    for m in mounts:
+        peers = m.stats()["peers"]
+        assert peers["bytes_from_peers"] > 0 and peers["bytes_to_peers"] > 0
+        assert peers["peers_up"] == 3 and peers["failures"] == 0
+    # A second pass through new page-cache misses: answered from the RAM caches, storage untouched.
+    for m in mounts:
+        assert check_all(m.path, digests, drop=True) == []
+    assert storage_read(mounts) == total
+    a, b = mounts[:2]
+    prometheus = shardfs_cmd("stats", a.path, "--format", "prometheus", check=True).stdout
+    assert "shardfs_peer_fetched_bytes_total" in prometheus and f'peer="{b.address}"' in prometheus
+    assert "peers     3 up, 0 down" in shardfs_cmd("stats", a.path, "--watch", "--count", "1", check=True).stdout
+    assert "; peers 3 up, 0 down" in _peers_status(a.stats()["peers"])  # the service's STATUS line
+
+
+def owned(shards, peers: list[str], me: str) -> list:
+    """The shard files node ``me`` owns, by the rule every node applies."""
+    return [p for p in shards.glob("*.tar")
+            if owner.owner(owner.identity(str(p), p.stat().st_size, p.stat().st_mtime_ns), peers) == me]
+
+
+def owned_bytes(shards, peers: list[str], me: str) -> int:
+    return sum(p.stat().st_size for p in owned(shards, peers, me))
+
+
+def shards_owned_by(shards, peers: list[str], me: str) -> int:
+    return len(owned(shards, peers, me))
+
+
+def test_the_nodes_ram_adds_up_owned_shards_go_first(nodes, tmp_path):
+    """Each node's budget holds what it owns and two shards more, far from the whole dataset:
+    epochs 1 and 2 through every node read shared storage once in all, as owned shards evict others."""
+    shards = tmp_path / "many"
+    digests = write_shards(shards, shards=12, members=6, largest=400_000)
+    largest = max(p.stat().st_size for p in shards.glob("*.tar"))
+    budgets = {}
+
+    def budget(i, me, peers):
+        budgets[me] = owned_bytes(shards, peers, me) + 2 * largest
+        return ("--cache-size", str(budgets[me]))
+
+    mounts = nodes([shards] * 3, each=budget)
+    for epoch in range(2):
+        for m in mounts:
+            assert check_all(m.path, digests, drop=True) == []
+    assert storage_read(mounts) == tar_bytes(shards)
+    for m in mounts:
+        cache = m.stats()["cache"]
+        assert cache["used_bytes"] <= budgets[m.address] < tar_bytes(shards)
+
+
+def test_owners_serve_from_their_disk_tier(nodes, dataset, tmp_path):
+    """No shard fits in RAM: members come from the owners' disk tiers, filled from storage once;
+    the other nodes fill their tiers from the owners."""
+    shards, digests = dataset
+    mounts = nodes([shards] * 3, options=("--cache-size", SMALL_RAM),
+                   each=lambda i, me, peers: ("--disk-cache", str(tmp_path / f"tier{i}")))
+    for m in mounts:
+        assert check_all(m.path, digests, drop=True) == []
+    assert storage_read(mounts) == tar_bytes(shards)
+    for m in mounts:
+        assert m.stats()["peers"]["bytes_from_peers"] > 0
+
+
+@pytest.mark.slow
+def test_without_peers_every_node_reads_storage_itself(mount, dataset):
+    """The baseline: three mounts of one dataset read it three times."""
+    shards, digests = dataset
+    mounts = [mount(shards, name=f"alone{i}") for i in range(3)]
+    for m in mounts:
+        assert check_all(m.path, digests) == []
+        assert "peers" not in m.stats()
+    assert sum(m.stats()["cache"]["storage_bytes_read"] for m in mounts) == 3 * tar_bytes(shards)
+
+
+def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes, dataset):
+    shards, digests = dataset
+    a, b, c = nodes([shards] * 3, options=("--cache-size", SMALL_RAM))
+    errors, passes, stop = [], [0], threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            errors.extend(check_all(a.path, digests, drop=True))
+            passes[0] += 1
+
+    def passes_after(n):
+        start = passes[0]
+        return lambda: passes[0] >= start + n
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: a.stats()["peers"]["bytes_from_peers"] > 0)
+        os.kill(c.pid, signal.SIGKILL)
+        wait_for(passes_after(2))
+        figures = a.stats()["peers"]
+        assert c.address in figures["down"]
+        # C's shards fell to the next peer in their own order; A keeps those that fell to it first.
+        survivors = [a.address, *(p for p in figures["failures_by_peer"] if p not in figures["down"])]
+        assert figures["shards_owned"] == shards_owned_by(shards, survivors, a.address)
+        os.kill(b.pid, signal.SIGSTOP)
+        try:
+            wait_for(passes_after(2), timeout=60)
+            assert b.address in a.stats()["peers"]["down"]
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        # B answers again: after its backoff, A asks it again and counts it up.
+        wait_for(lambda: b.address not in a.stats()["peers"]["down"], timeout=90)
+        wait_for(passes_after(1))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert errors == []
+    assert a.stats()["read_errors"] == 0
+
+
+def test_damaged_or_unsigned_peer_replies_are_never_served(nodes, tmp_path):
+    """Three of four nodes send bad replies (a flipped byte, half the bytes, another key's proof):
+    the good node serves every file right, from the next peer in each shard's order or storage."""
+    shards = tmp_path / "many"
+    digests = write_shards(shards, shards=16, members=4, largest=200_000)
+    faults = {1: "corrupt", 2: "truncate", 3: "foreign"}
+    good, *bad = nodes([shards] * 4, options=("--cache-size", SMALL_RAM), faults=faults)
+    assert check_all(good.path, digests, drop=True) == []
+    peers = good.stats()["peers"]
+    for node in bad:  # each is before the good node in some shard's order (of 16: all but surely)
+        assert peers["failures_by_peer"][node.address] > 0 and node.address in peers["down"]
+    assert peers["bytes_from_peers"] == 0  # nothing of the bad replies counted, nor served
+
+
+def test_a_peer_serving_another_dataset_is_never_trusted(nodes, dataset, tmp_path):
+    shards, digests = dataset
+    other = tmp_path / "other"
+    write_shards(other, seed=99, shards=8, members=8, largest=400_000)
+    for a, b in zip(sorted(shards.glob("*.tar")), sorted(other.glob("*.tar"))):
+        os.utime(b, ns=(a.stat().st_atime_ns, a.stat().st_mtime_ns))  # alike but for their bytes and place
+    ours, theirs = nodes([shards, other])
+    assert check_all(ours.path, digests) == []
+    peers = ours.stats()["peers"]
+    assert peers["bytes_from_peers"] == 0 and peers["storage_bytes_read"] == tar_bytes(shards)
+
+
+def request(address: str, digest: str, headers: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://{address}/shard/{digest}", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_requests_without_the_key_or_replayed_late_are_refused(nodes, dataset, key_file):
+    shards, _ = dataset
+    a, b = nodes([shards] * 2)
+    first = sorted(shards.glob("*.tar"))[0]
+    st = first.stat()
+    digest = owner.digest(owner.identity(str(first), st.st_size, st.st_mtime_ns))
+    target, byte_range = f"/shard/{digest}", "bytes=0-511"
+    key = auth.load_or_create(str(key_file))
+    with open(first, "rb") as f:
+        head = f.read(512)
+
+    def ask(proof):
+        return request(b.address, digest, {"Range": byte_range, **({auth.HEADER: proof} if proof else {})})
+
+    status, body = ask(auth.sign_request(key, "GET", target, byte_range))
+    assert (status, body) == (206, head)  # the test's own request is right: the refusals below are not by accident
+    for proof in (None, auth.sign_request(b"x" * 64, "GET", target, byte_range),
+                  auth.sign_request(key, "GET", target, byte_range, now=time.time() - 3600),
+                  auth.sign_request(key, "GET", target, "bytes=0-1023")):  # signed for another range
+        status, body = ask(proof)
+        assert status == 403 and head[:64] not in body
+    assert b.stats()["peers"]["requests_refused"] == 4
+
+
+@pytest.mark.parametrize("peers, self_, message", [
+    ("127.0.0.2", None, "'127.0.0.2'"),
+    ("127.0.0.2:1,127.0.0.3:99999", None, "'127.0.0.3:99999'"),
+    ("127.0.0.2:7001,127.0.0.2:7001", None, "listed twice"),
+    ("127.0.0.2:7001,127.0.0.3:7001", "127.0.0.9:7001", "'127.0.0.9:7001' is not among"),
+    ("@/nonexistent/peers", None, "/nonexistent/peers"),
+])
+def test_bad_peers_are_refused_naming_the_value(dataset, tmp_path, peers, self_, message):
+    shards, _ = dataset
+    done = shardfs_cmd("mount", shards, tmp_path / "mnt", "--peers", peers,
+                       *(["--peer-self", self_] if self_ else []))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_peer_port_in_use_is_an_error_that_says_so(dataset, tmp_path, key_file):
+    shards, _ = dataset
+    (tmp_path / "mnt").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        me = f"127.0.0.2:{taken.getsockname()[1]}"
+        done = shardfs_cmd("mount", shards, tmp_path / "mnt", "--peers", f"{me},127.0.0.3:7001", "--peer-self", me)
+    assert done.returncode == 2 and "in use" in done.stderr, done.stderr
+    assert not os.path.ismount(tmp_path / "mnt")
+
+
+def slurm_job_env(tmp_path, job_id: str, nodes: str, me: str) -> dict:
+    conf = tmp_path / "slurm.conf"  # scontrol wants a configuration, though it only expands the list
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")
+    return {**os.environ, "SLURM_CONF": str(conf), "SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": nodes,
+            "SLURMD_NODENAME": me}
+
+
+@pytest.mark.parametrize("extra, expect", [((), ["127.0.0.2:11234", "127.0.0.3:11234"]), (("--peers", "off"), None)])
+def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path, key_file, extra, expect):
+    shards, _ = dataset
+    env = slurm_job_env(tmp_path, "1234", "127.0.0.[2-3]", "127.0.0.2")
+    show = ("import json, os; figures = os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats'); "
+            "print(json.dumps(json.loads(figures).get('peers')))")
+    done = shardfs_cmd("run", shards, tmp_path / "mnt", *extra, "--", sys.executable, "-c", show, env=env)
+    assert done.returncode == 0, done.stderr
+    peers = json.loads(done.stdout)
+    if expect is None:
+        assert peers is None
+    else:
+        assert peers["self"] == expect[0] and peers["peers"] == len(expect)
+
+
+def rewrite_in_place(shards) -> dict:
+    """A new version of every shard, of the same size: each first member's bytes flipped, a later
+    mtime. Returns {member: sha256} of the new version."""
+    digests = {}
+    for path in sorted(shards.glob("*.tar")):
+        with tarfile.open(path) as tf:
+            first = tf.getmembers()[0]
+        with open(path, "r+b") as f:
+            f.seek(first.offset_data)
+            head = f.read(16)
+            f.seek(first.offset_data)
+            f.write(bytes(b ^ 0xFF for b in head))
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                digests[m.name] = hashlib.sha256(tf.extractfile(m).read()).hexdigest()
+    return digests
+
+
+def test_a_peer_holding_an_older_version_of_a_shard_is_never_trusted(nodes, dataset, tmp_path):
+    """Node 0 mounts the shards and reads them all into its RAM cache, then they change in place
+    (same sizes), then node 1 mounts them: node 1 serves the new bytes, never node 0's."""
+    shards, digests = dataset
+    changed = {}
+
+    def change_before_node_1(i, me, peers):
+        if i == 1:
+            assert check_all(str(tmp_path / "node0"), digests) == []  # the mount fixture's path
+            changed.update(rewrite_in_place(shards))
+        return ()
+
+    older, newer = nodes([shards] * 2, each=change_before_node_1)
+    assert check_all(newer.path, changed) == []
+    assert newer.stats()["peers"]["bytes_from_peers"] == 0
+
+
+def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file):
+    """Through the Python API; SIGHUP on both nodes: the new shards' files, from their owners."""
+    import shardfs
+
+    shards = tmp_path / "shards"
+    digests = write_shards(shards, shards=2, members=4, largest=200_000)
+    peers = addresses(2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with shardfs.mounted(shards, tmp_path / "a", peers=peers, peer_self=peers[0]) as a, \
+            shardfs.mounted(shards, tmp_path / "b", peers=peers, peer_self=peers[1]) as b:
+        assert check_all(a, digests) == []
+        digests.update(write_shards(shards, seed=8, shards=6, members=4, largest=200_000, first=2))
+        for root in (a, b):
+            os.kill(json.loads(os.getxattr(root, "user.shardfs.stats"))["pid"], signal.SIGHUP)
+        for root in (a, b):
+            wait_for(lambda: json.loads(os.getxattr(root, "user.shardfs.stats"))["shards"] == 8)
+        assert check_all(a, digests) == [] and check_all(b, digests) == []
+        figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
+        assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
+        assert all(f["bytes_from_peers"] > 0 for f in figures)
+
+
+@contextlib.contextmanager
+def hanging_storage(tmp_path, src, name: str, flag):
+    """``src`` behind a FUSE layer (faultyfs.py) whose reads of shard ``name`` block while ``flag``
+    exists, as on a busy or hung network filesystem."""
+    mnt = tmp_path / "storage"
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "faultyfs.py"), str(src),
+                             str(mnt), name, "0", str(1 << 40), str(flag)], stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None)
+        assert proc.poll() is None, "faultyfs did not mount"
+        yield mnt
+    finally:
+        flag.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
+        force_unmount(str(mnt))
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
+    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
+    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
+    no node reads that shard from storage but the owner."""
+    src = tmp_path / "src"
+    digests = write_shards(src, shards=4, members=4, largest=200_000)
+    peers = addresses(2)
+    reader, owner_node = peers
+    mnt = tmp_path / "storage"
+    slow = next(p.name for p in sorted(src.glob("*.tar"))
+                if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
+                == owner_node)
+    flag = tmp_path / "hang"
+    with hanging_storage(tmp_path, src, slow, flag) as storage:
+        a, b = nodes([storage] * 2, peers=peers)
+        try:
+            with tarfile.open(src / slow) as tf:
+                name = tf.getmembers()[0].name
+            flag.touch()
+            got = []
+            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
+            thread.start()
+            try:
+                wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            finally:
+                flag.unlink()
+                thread.join(timeout=60)
+            assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
+            figures = a.stats()["peers"]
+            assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+        finally:  # the nodes before the storage they read
+            for node in (a, b):
+                force_unmount(node.path, node.pid)
