@@ -71,6 +71,7 @@ class ShardIndex:
     parent: np.ndarray  # uint32 index into ``dirs``
     dirs: Sequence[bytes]  # distinct parent directories ("" is the root); a list, or SplitOnUse when loaded
     symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
+    sparse: dict[int, np.ndarray] = field(default_factory=dict)  # member -> its runs (formats/sparse.py)
     # Labels of small ``*.cls`` members (see labels.py): member index, value (labels.UNPARSABLE if not an int)
     cls_member: np.ndarray = field(default_factory=lambda: labels.no_labels()[0])  # int32
     cls_value: np.ndarray = field(default_factory=lambda: labels.no_labels()[1])  # int64
@@ -124,8 +125,8 @@ def build(shard: Shard | str) -> ShardIndex:
             if target is None or target.kind == Kind.DIR:
                 warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
                 continue
-            rec.kind, rec.offset, rec.size, rec.link, rec.small = (target.kind, target.offset, target.size, target.link,
-                                                                   target.small)
+            rec.kind, rec.offset, rec.size, rec.link, rec.small, rec.sparse = (
+                target.kind, target.offset, target.size, target.link, target.small, target.sparse)
         if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
             rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
         if rec.kind == Kind.SYMLINK:
@@ -136,6 +137,15 @@ def build(shard: Shard | str) -> ShardIndex:
         rec.path = path
         kept[path] = rec
 
+    if result.cut is not None:  # tar -x writes part of it over an earlier file of that name
+        try:
+            cut = names.normalise(result.cut)
+        except names.BadName:
+            cut = None
+        if cut in kept and kept[cut].kind != Kind.DIR:
+            warnings.append(f"{shown}: member {names.show(cut)}: a later member of this name is cut short; "
+                            "neither is served")
+            del kept[cut]
     members = list(kept.values())
     offsets = np.array([rec.offset for rec in members], dtype=np.int64)
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
@@ -168,6 +178,7 @@ def build(shard: Shard | str) -> ShardIndex:
         parent=parent,
         dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
         symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
+        sparse={i: rec.sparse for i, rec in enumerate(members) if rec.sparse is not None},
         warnings=warnings,
         error=f"{shown}: {result.error}" if result.error else None,
         cls_member=cls_member,
