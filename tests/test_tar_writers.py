@@ -5,10 +5,7 @@ file, symlink or directory the extraction has that shardfs leaves out is named b
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +13,7 @@ import tar_corpus
 from conftest import needs_fuse
 from shardfs.index import names
 from shardfs.index import shard_index as index
-from shardfs.formats import sparse
-from shardfs.formats.base import Kind
+from tar_corpus import reference_entries, served_entries, sha256
 
 SHOWN_IN_MOUNT = ["gnutar-gnu", "gnutar-posix-sparse-1.0", "gnutar-incremental-level1", "bsdtar-pax",
                   "tarfile-pax", "webdataset-shardwriter"]
@@ -40,63 +36,6 @@ def cases(tree, tmp_path_factory):
             built[name] = tar_corpus.build(name, tree, tmp_path_factory.mktemp(name))
         return built[name]
     return get
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def reference_entries(root: Path) -> dict[bytes, tuple[str, object]]:
-    """Relative name -> ("file", sha256) / ("symlink", target) / ("dir", None) / ("other", None)."""
-    found = {}
-    base = os.fsencode(root)
-    for dirpath, dirnames, filenames in os.walk(base):
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, base)
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                found[rel] = ("symlink", os.readlink(full))
-            elif stat.S_ISDIR(st.st_mode):
-                found[rel] = ("dir", None)
-            elif stat.S_ISREG(st.st_mode):
-                with open(full, "rb") as f:
-                    found[rel] = ("file", sha256(f.read()))
-            else:
-                found[rel] = ("other", None)
-    return found
-
-
-def served_entries(case: tar_corpus.Case) -> tuple[dict[bytes, tuple[str, object]], str]:
-    """What shardfs serves from the case's shards, and every warning and error it gave, in one text."""
-    served, notes = {}, []
-    for path in case.archives:
-        ix = index.build(str(path))
-        notes += ix.warnings + ([ix.error] if ix.error else [])
-        data = path.read_bytes()
-        for i in range(len(ix)):
-            name, kind = ix.name(i), ix.kind[i]
-            if kind == Kind.FILE:
-                served[name] = ("file", sha256(member_bytes(ix, i, data, path.name)))
-            elif kind == Kind.SYMLINK:
-                served[name] = ("symlink", ix.symlinks[i])
-            else:
-                served[name] = ("dir", None)
-        for directory in ix.dirs:  # parents of members are directories of the tree too
-            if directory:
-                served.setdefault(directory, ("dir", None))
-    return served, "\n".join(notes)
-
-
-def member_bytes(ix, i: int, data: bytes, shown: str) -> bytes:
-    """Member i's bytes as shardfs serves them: a byte range of the shard, or a sparse file's runs."""
-    start, size = int(ix.offset[i]), int(ix.size[i])
-    runs = ix.sparse.get(i)
-    stored = size if runs is None else int(runs[:, 1].sum())
-    assert 0 <= start and start + stored <= len(data), f"{shown}: {ix.name(i)!r} outside the shard"
-    if runs is None:
-        return data[start : start + size]
-    return sparse.read(runs, 0, size, lambda o, n: data[start + o : start + o + n])
 
 
 def explained(name: bytes, notes: str) -> bool:
