@@ -15,6 +15,7 @@ import numpy as np
 from shardfs.formats.base import ShardFormatError
 
 MAX_RUNS = 1 << 18  # a map longer than this is hostile (a real one lists each hole once)
+MAX_SIZE = 1 << 48  # 256 TiB: any offset or size beyond is hostile (and would overflow the int64 tables)
 
 
 def runs(pairs: list[int], real_size: int, stored: int) -> np.ndarray:
@@ -22,19 +23,20 @@ def runs(pairs: list[int], real_size: int, stored: int) -> np.ndarray:
     size, and their lengths adding up to at most the ``stored`` bytes. ShardFormatError if not."""
     if len(pairs) % 2 or len(pairs) > 2 * MAX_RUNS:
         raise ShardFormatError(f"a sparse map of {len(pairs)} numbers")
+    if not 0 <= real_size < MAX_SIZE or not all(0 <= n < MAX_SIZE for n in pairs):
+        raise ShardFormatError("a sparse map with numbers out of range")
     table = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     table = table[table[:, 1] > 0]  # tar ends a map with an empty run at the real size
     ends = table[:, 0] + table[:, 1]
-    if ((table < 0).any() or (len(table) and int(ends[-1]) > real_size) or (ends[:-1] > table[1:, 0]).any()
-            or int(table[:, 1].sum()) > stored or real_size < 0):
+    if (len(table) and int(ends[-1]) > real_size) or (ends[:-1] > table[1:, 0]).any() or sum(pairs[1::2]) > stored:
         raise ShardFormatError("a sparse map out of order or beyond the file")
     return table
 
 
 def numbers(text: bytes, what: str) -> list[int]:
-    """Decimal numbers, separated by commas or newlines (PAX 0.1 and 1.0 maps)."""
+    """Decimal numbers, separated by commas or newlines (PAX maps), each below 2^63."""
     parts = text.replace(b"\n", b",").split(b",")
-    if not all(p.isdigit() for p in parts):
+    if not all(p.isdigit() and len(p) <= 18 for p in parts):
         raise ShardFormatError(f"bad sparse map in {what}")
     return [int(p) for p in parts]
 

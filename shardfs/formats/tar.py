@@ -98,10 +98,9 @@ def _is_sparse(attrs: dict[bytes, bytes]) -> bool:
 
 
 def _decimal(attrs: dict[bytes, bytes], key: bytes) -> int:
-    value = attrs.get(key, b"")
-    if not value.isdigit():
-        raise ShardFormatError(f"bad or missing {key.decode()}")
-    return int(value)
+    if key not in attrs:
+        raise ShardFormatError(f"no {key.decode()}")
+    return sparse.numbers(attrs[key], key.decode())[0]
 
 
 def _old_gnu_map(win: Window, header: bytes, data_at: int, size: int) -> tuple[list[int], int]:
@@ -151,7 +150,7 @@ def _pax_1_0_map(win: Window, data_at: int, data_size: int) -> tuple[list[int], 
 
 
 def _sparse_map(win: Window, header: bytes, attrs: dict[bytes, bytes], old_map: list[int] | None,
-                map_0_0: list[int], data_at: int, data_size: int):
+                map_0_0: list[bytes], data_at: int, data_size: int):
     """A sparse member's runs (sparse.runs), real size and where its runs' bytes start, from
     whichever of the four encodings it has."""
     end = data_at + data_size
@@ -163,7 +162,7 @@ def _sparse_map(win: Window, header: bytes, attrs: dict[bytes, bytes], old_map: 
     elif b"GNU.sparse.map" in attrs:
         pairs, real_size = sparse.numbers(attrs[b"GNU.sparse.map"], "GNU.sparse.map"), _decimal(attrs, b"GNU.sparse.size")
     elif map_0_0:
-        pairs, real_size = map_0_0, _decimal(attrs, b"GNU.sparse.size")
+        pairs, real_size = sparse.numbers(b",".join(map_0_0), "GNU.sparse.offset"), _decimal(attrs, b"GNU.sparse.size")
     else:
         raise ShardFormatError("records of an unknown sparse format")
     return sparse.runs(pairs, real_size, end - data_at), real_size, data_at
@@ -196,7 +195,7 @@ class TarFormat:
         pos = 0
         pax_global: dict[bytes, bytes] = {}
         pax: dict[bytes, bytes] = {}
-        pax_0_0: list[int] = []  # a PAX 0.0 sparse map: GNU.sparse.offset and numbytes records in order
+        pax_0_0: list[bytes] = []  # a PAX 0.0 sparse map: GNU.sparse.offset and numbytes records in order
         long_name = long_link = None
         continued = False
         pending: set[bytes] = set()  # the kinds of extended header (x, L, K) read for the coming member
@@ -238,8 +237,7 @@ class TarFormat:
                     pax = dict(_pax_items(data))
                     maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
                     if maybe_sparse and b"GNU.sparse.offset=" in data:
-                        pax_0_0 = [int(v) if v.isdigit() else -1 for k, v in _pax_items(data)
-                                   if k in (b"GNU.sparse.offset", b"GNU.sparse.numbytes")]
+                        pax_0_0 = [v for k, v in _pax_items(data) if k in (b"GNU.sparse.offset", b"GNU.sparse.numbytes")]
                 elif typeflag == b"g":
                     records = dict(_pax_items(data))
                     maybe_sparse_global |= _SPARSE_PAX in data or _SPARSE_STAR in data
