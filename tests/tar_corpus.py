@@ -358,7 +358,7 @@ EDGE_WRITERS: dict[str, Callable[[Path, Path], list[Path]]] = {
 }
 
 
-def _headers(data: bytes) -> list[int]:
+def headers(data: bytes) -> list[int]:
     """Offsets of the headers (extended ones too), read with tarfile's number decoder."""
     offsets, pos = [], 0
     while pos + 512 <= len(data) and data[pos : pos + 512].count(0) < 512:
@@ -370,7 +370,7 @@ def _headers(data: bytes) -> list[int]:
 def _cuts(data: bytes) -> dict[str, bytes]:
     """Copies of an archive cut short (mid-data, mid-header, at a member's start, in its last
     block, without the end marker) or with one header damaged in the middle."""
-    heads = _headers(data)
+    heads = headers(data)
     mid = heads[len(heads) // 2]
     damaged = bytearray(data)
     damaged[mid + 5] ^= 0x55  # a byte of its name: the checksum no longer matches
