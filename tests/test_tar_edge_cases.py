@@ -18,6 +18,7 @@ from conftest import needs_fuse
 from shardfs.index import names
 from shardfs.index import shard_index as index
 from shardfs.pack.verify import verify
+from shardfs.view import dataset, layouts, reader
 from tar_corpus import reference_entries, served_entries
 
 TARGET = 0.98
@@ -156,3 +157,39 @@ def test_every_cut_and_damaged_header_is_served_as_tar_extracts_it(suite, tmp_pa
                 assert hit or all(names.show(m) in notes for m in missed), f"{case.name}: {missed}\n{notes}"
                 checked += 1
     assert checked > 500
+
+
+class ShardReads:
+    """A Fetcher that reads shards straight from their files (view/reader.py's other half)."""
+
+    def fetch(self, shard, offset: int, length: int) -> bytes:
+        with open(shard.path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+
+def test_sparse_image_of_a_webdataset_sample_through_the_imagefolder_layout(tmp_path):
+    """The imagefolder layout renames members and keeps a subset: a sparse one keeps its runs."""
+    src = tmp_path / "src"
+    src.mkdir()
+    image = bytearray(300_000)
+    image[:4] = b"\xff\xd8\xff\xe0"
+    image[200_000:200_100] = bytes(range(100))
+    (src / "a.txt").write_bytes(b"not part of a sample")
+    with open(src / "s0.jpg", "wb") as f:  # written with holes, so that tar --sparse finds them
+        f.write(image[:4])
+        f.seek(200_000)
+        f.write(image[200_000:200_100])
+        f.truncate(len(image))
+    (src / "s0.cls").write_bytes(b"3")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    tar_corpus._run(["tar", "-c", "--sparse", "--format=posix", "-f", str(shards / "w.tar"), "-C", str(src),
+                     "a.txt", "s0.jpg", "s0.cls"])
+    view = dataset.open_dataset([str(shards)], index_dir=str(tmp_path / "idx"), workers=1,
+                                layout=layouts.from_options("imagefolder", None))
+    node = view.tree.lookup(b"3/s0.jpg")
+    m = view.tree.member(node)
+    assert node and m in view.tree.sparse
+    assert reader.read_member(view, ShardReads(), m, 0, len(image)) == bytes(image)
+    assert reader.read_member(view, ShardReads(), m, 199_990, 50) == bytes(image[199_990:200_040])
