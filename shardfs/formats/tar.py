@@ -327,8 +327,9 @@ class TarFormat:
             pos = next_pos
         if pos < size:
             raise ShardFormatError(f"truncated at offset {pos}: {size - pos} bytes, not a whole header")
-        # Every member is whole, but a download cut at a member's start looks just like this.
-        raise ShardFormatError(f"truncated at offset {pos}: no end-of-archive marker")
+        if size:  # an empty file: nothing to serve and nothing lost (tar -x calls it no archive)
+            # Every member is whole, but a download cut at a member's start looks just like this.
+            raise ShardFormatError(f"truncated at offset {pos}: no end-of-archive marker")
 
 
 
