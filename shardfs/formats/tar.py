@@ -35,6 +35,8 @@ _SKIPPED = {
 _IGNORED = {b"V"}  # a GNU volume label: tar -x creates nothing for it either
 _SPARSE_PAX = b"GNU.sparse."  # PAX sparse formats 0.0, 0.1 and 1.0 on a regular typeflag
 _SPARSE_STAR = b"SCHILY.realsize"  # star's name for a sparse file's real size (its map: not read here)
+SKIP_READ = 1 << 20  # how much is read at once while skipping damage block by block
+_NO_CHECKSUM = bytes(8)  # a zero block's checksum field
 _OLD_SPARSE_AT, _OLD_SPARSE_ENTRIES, _EXT_SPARSE_ENTRIES = 386, 4, 21  # GNU 'S': map in the header, then blocks
 
 
@@ -54,16 +56,33 @@ def _number(field: bytes) -> int:
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = header[148:156]
+    # Octal only (every writer's; tar -x reads base-256 here too, but none writes it): a block of
+    # data fails on this test alone, which keeps skipping through damage fast (~1 us a block).
+    text = header[148:156].split(b"\0", 1)[0].strip(b" ")
+    if not text.isdigit():
+        return False
     try:
-        want = _number(stored)
-    except ShardFormatError:
+        want = int(text, 8)
+    except ValueError:  # an 8 or a 9
         return False
     unsigned = sum(header[:148]) + 256 + sum(header[156:])
     if want == unsigned:
         return True
     signed = sum(b - 256 if b > 127 else b for b in header[:148] + b" " * 8 + header[156:])
     return want == signed
+
+
+def _skip_damage(win: Window, pos: int, size: int) -> int:
+    """Where tar -x goes on after a header with a bad checksum: the next block that is a good
+    header, or a zero block (which ends the archive); read in large pieces, as this may be far."""
+    while pos + BLOCK <= size:
+        chunk = win.get(pos, min(SKIP_READ, (size - pos) // BLOCK * BLOCK))
+        for at in range(0, len(chunk), BLOCK):
+            block = chunk[at : at + BLOCK]
+            if (block[148:156] == _NO_CHECKSUM and block.count(0) == BLOCK) or _checksum_ok(block):
+                return pos + at
+        pos += len(chunk)
+    return pos
 
 
 def _pax_items(data: bytes):
@@ -209,13 +228,11 @@ class TarFormat:
                 return  # end-of-archive marker
             if not _checksum_ok(header):
                 # GNU tar: "Skipping to next header"; what was read for this member is dropped.
-                if skipped and skipped[-1][0] + skipped[-1][1] * BLOCK == pos:
-                    skipped[-1][1] += 1
-                else:
-                    skipped.append([pos, 1])
+                after = _skip_damage(win, pos + BLOCK, size)
+                skipped.append([pos, (after - pos) // BLOCK])
                 pax, pax_0_0, long_name, long_link, maybe_sparse = {}, [], None, None, False
                 pending.clear()
-                repeated, continued, pos = False, False, pos + BLOCK
+                repeated, continued, pos = False, False, after
                 continue
             typeflag = header[156:157]
             data_size = _number(header[124:136])
