@@ -331,12 +331,14 @@ def _appended(tool: str) -> Callable[[Path, Path], list[Path]]:
 _BLOB = bytes(range(256)) * 9
 EDGE_WRITERS: dict[str, Callable[[Path, Path], list[Path]]] = {
     **{f"sparse-gnutar-{fmt}": _gnu_tar(fmt, "--sparse") for fmt in ("gnu", "oldgnu")},
-    **{f"sparse-gnutar-posix-{v}": _gnu_tar("posix", "--sparse", f"--sparse-version={v}") for v in ("0.0", "0.1", "1.0")},
+    **{f"sparse-gnutar-posix-{v}": _gnu_tar("posix", "--sparse", f"--sparse-version={v}")
+       for v in ("0.0", "0.1", "1.0")},
     "sparse-bsdtar-pax": _bsdtar("pax"),
     "absolute-gnutar": _absolute_gnu_tar("tar"),
     "absolute-bsdtar": _absolute_gnu_tar("bsdtar"),
     "names-tarfile": _tarfile_members([
-        ("/abs/x.txt", "file", b"absolute"), ("//two/slashes.txt", "file", b"two"), ("./a//b/./c.txt", "file", b"denormal"),
+        ("/abs/x.txt", "file", b"absolute"), ("//two/slashes.txt", "file", b"two"),
+        ("./a//b/./c.txt", "file", b"denormal"),
         ("../up.txt", "file", b"climbs"), ("a/../down.txt", "file", b"dotdot"), ("/", "dir", None),
         ("./", "dir", None), ("a/b/", "dir", None), ("ok.txt", "file", _BLOB)]),
     "links-tarfile": _tarfile_members([

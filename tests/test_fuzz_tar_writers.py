@@ -163,7 +163,8 @@ def scan_checked(data: bytes):
                 assert rec.small is None or rec.small == data[rec.offset : rec.offset + rec.size]
             else:  # runs in order, inside the real size (sparse.runs checks them; here checked again)
                 ends = rec.sparse[:, 0] + rec.sparse[:, 1]
-                assert (rec.sparse >= 0).all() and (ends[:-1] <= rec.sparse[1:, 0]).all() and ends.max(initial=0) <= rec.size
+                assert (rec.sparse >= 0).all() and (ends[:-1] <= rec.sparse[1:, 0]).all()
+                assert ends.max(initial=0) <= rec.size
     return result
 
 

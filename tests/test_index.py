@@ -156,7 +156,8 @@ def test_sparse_maps_round_trip_through_the_index_file(tmp_path):
     runs = [(i * 5000, bytes([i]) * (10 + i)) for i in range(1, 30)]
     path = tmp_path / "s.tar"
     path.write_bytes(archive(member(b"plain", b"p"), old_sparse_member(b"one", runs, 200_000),
-                             member(b"hard", typeflag=b"1", linkname=b"one"), old_sparse_member(b"two", runs[:2], 20_000)))
+                             member(b"hard", typeflag=b"1", linkname=b"one"),
+                             old_sparse_member(b"two", runs[:2], 20_000)))
     ix = index.build(str(path))
     assert sorted(ix.sparse) == [1, 2, 3] and len(ix.sparse[1]) == 29 and len(ix.sparse[3]) == 2
     index_file.save(ix, str(tmp_path / "s.idx"))

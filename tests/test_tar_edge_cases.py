@@ -52,8 +52,8 @@ def test_edge_suite_is_served_as_tar_extracts_it(suite):
         wrong += [f"{case.name}: {line}" for line in bad]
         damaged = re.search(r"(truncated|damaged header).* at offset \d+", notes) is not None
         unexplained += [f"{case.name}: {names.show(m)}" for m in missed if names.show(m) not in notes and not damaged]
-        lines.append(f"  {case.name}: {count - len(missed)}/{count}" + (f" (left out: {', '.join(map(names.show, missed))})"
-                                                                       if missed else ""))
+        left_out = f" (left out: {', '.join(map(names.show, missed))})" if missed else ""
+        lines.append(f"  {case.name}: {count - len(missed)}/{count}{left_out}")
     ratio = served / total
     print(f"\nedge suite: {len(suite)} archives, {served} of {total} regular files tar -x extracts served "
           f"byte-identical ({ratio:.1%}), {len(wrong)} wrong\n" + "\n".join(lines))

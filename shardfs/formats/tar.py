@@ -35,6 +35,7 @@ _SKIPPED = {
 _IGNORED = {b"V"}  # a GNU volume label: tar -x creates nothing for it either
 _SPARSE_PAX = b"GNU.sparse."  # PAX sparse formats 0.0, 0.1 and 1.0 on a regular typeflag
 _SPARSE_STAR = b"SCHILY.realsize"  # star's name for a sparse file's real size (its map: not read here)
+_SPARSE_0_0 = (b"GNU.sparse.offset", b"GNU.sparse.numbytes")  # PAX 0.0: a map as repeated records
 SKIP_READ = 1 << 20  # how much is read at once while skipping damage block by block
 _NO_CHECKSUM = bytes(8)  # a zero block's checksum field
 _OLD_SPARSE_AT, _OLD_SPARSE_ENTRIES, _EXT_SPARSE_ENTRIES = 386, 4, 21  # GNU 'S': map in the header, then blocks
@@ -179,9 +180,11 @@ def _sparse_map(win: Window, header: bytes, attrs: dict[bytes, bytes], old_map: 
         pairs, data_at = _pax_1_0_map(win, data_at, data_size)
         real_size = _decimal(attrs, b"GNU.sparse.realsize")
     elif b"GNU.sparse.map" in attrs:
-        pairs, real_size = sparse.numbers(attrs[b"GNU.sparse.map"], "GNU.sparse.map"), _decimal(attrs, b"GNU.sparse.size")
+        pairs = sparse.numbers(attrs[b"GNU.sparse.map"], "GNU.sparse.map")
+        real_size = _decimal(attrs, b"GNU.sparse.size")
     elif map_0_0:
-        pairs, real_size = sparse.numbers(b",".join(map_0_0), "GNU.sparse.offset"), _decimal(attrs, b"GNU.sparse.size")
+        pairs = sparse.numbers(b",".join(map_0_0), "GNU.sparse.offset")
+        real_size = _decimal(attrs, b"GNU.sparse.size")
     else:
         raise ShardFormatError("records of an unknown sparse format")
     return sparse.runs(pairs, real_size, end - data_at), real_size, data_at
@@ -222,132 +225,140 @@ class TarFormat:
         # Whether PAX records may mark the coming member (or all members) sparse: a substring test
         # on the records' bytes, so that the per-member dict walk is paid by sparse archives only.
         maybe_sparse = maybe_sparse_global = False
-        while pos + BLOCK <= size:
-            header = win.get(pos, BLOCK)
-            if header.count(0) == BLOCK:
-                return  # end-of-archive marker
-            if not _checksum_ok(header):
-                # GNU tar: "Skipping to next header"; what was read for this member is dropped.
-                after = _skip_damage(win, pos + BLOCK, size)
-                skipped.append([pos, (after - pos) // BLOCK])
-                pax, pax_0_0, long_name, long_link, maybe_sparse = {}, [], None, None, False
-                pending.clear()
-                repeated, continued, pos = False, False, after
-                continue
-            typeflag = header[156:157]
-            data_size = _number(header[124:136])
-            if data_size < 0:
-                raise ShardFormatError(f"negative size in header at offset {pos}")
-            data_at = pos + BLOCK
-            next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
+        try:
+            while pos + BLOCK <= size:
+                header = win.get(pos, BLOCK)
+                if header.count(0) == BLOCK:
+                    return  # end-of-archive marker
+                if not _checksum_ok(header):
+                    # GNU tar: "Skipping to next header"; what was read for this member is dropped.
+                    after = _skip_damage(win, pos + BLOCK, size)
+                    skipped.append([pos, (after - pos) // BLOCK])
+                    pax, pax_0_0, long_name, long_link, maybe_sparse = {}, [], None, None, False
+                    pending.clear()
+                    repeated, continued, pos = False, False, after
+                    continue
+                typeflag = header[156:157]
+                data_size = _number(header[124:136])
+                if data_size < 0:
+                    raise ShardFormatError(f"negative size in header at offset {pos}")
+                data_at = pos + BLOCK
+                next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
 
-            if typeflag in (b"x", b"g", b"L", b"K"):
-                if data_size > MAX_EXT_HEADER:
-                    raise ShardFormatError(f"extended header of {data_size} bytes at offset {pos}")
-                if next_pos > size:
-                    raise ShardFormatError(f"truncated inside the extended header at offset {pos}")
-                data = win.get(data_at, data_size)
-                if typeflag != b"g":
-                    repeated |= typeflag in pending
-                    pending.add(typeflag)
-                if typeflag == b"x":
-                    pax = dict(_pax_items(data))
-                    maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
-                    if maybe_sparse and b"GNU.sparse.offset=" in data:
-                        pax_0_0 = [v for k, v in _pax_items(data) if k in (b"GNU.sparse.offset", b"GNU.sparse.numbytes")]
-                elif typeflag == b"g":
-                    records = dict(_pax_items(data))
-                    maybe_sparse_global |= _SPARSE_PAX in data or _SPARSE_STAR in data
-                    # GNU tar's posix multi-volume: a volume's global header names the file whose
-                    # rest comes next; it describes that one member only.
-                    continued = b"GNU.volume.offset" in records
-                    pax_global.update(item for item in records.items() if not item[0].startswith(b"GNU.volume."))
-                elif typeflag == b"L":
-                    long_name = data.split(b"\0", 1)[0]
-                else:
-                    long_link = data.split(b"\0", 1)[0]
-                pos = next_pos
-                continue
-
-            attrs = {**pax_global, **pax}
-            if long_name is not None:
-                name = long_name
-            elif header[257:263] == b"ustar\x00" and header[345] != 0:
-                name = _name_field(header[345:500]) + b"/" + _name_field(header[:100])
-            else:
-                name = _name_field(header[:100])
-            name = attrs.get(b"path", name)
-            link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
-            pax, long_name, long_link = {}, None, None
-            sparse_pax, maybe_sparse = (maybe_sparse or maybe_sparse_global) and _is_sparse(attrs), False
-            map_0_0, pax_0_0 = pax_0_0, []
-            rest_of_a_file, continued = continued, False
-            if pending:
-                pending.clear()
-            if repeated:  # GNU tar keeps the last, tarfile and others the first: no one right answer
-                repeated, pos = False, next_pos
-                shown = name.decode("utf-8", "backslashreplace")
-                result.warnings.append(f"member {shown}: two extended headers of one kind (readers differ) not served")
-                continue
-
-            try:
-                if b"size" in attrs:
-                    if not attrs[b"size"].isdigit():
-                        raise ValueError
-                    data_size = int(attrs[b"size"])
-                    next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
-                mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
-            except ValueError:
-                raise ShardFormatError(f"bad PAX size or mtime for member {name!r}") from None
-            mode = _number(header[100:108]) & 0o7777
-
-            if typeflag == b"S" or (typeflag in _REGULAR and not name.endswith(b"/")):  # "/": an old-style directory
-                if sparse_pax:
-                    name = attrs.get(b"GNU.sparse.name", name)
-                shown = name.decode("utf-8", "backslashreplace")
-                old_map = None
-                if typeflag == b"S":  # its map goes on in blocks before the data
-                    old_map, map_end = _old_gnu_map(win, header, data_at, size)
-                    next_pos, data_at = next_pos + map_end - data_at, map_end
-                if rest_of_a_file:
-                    result.warnings.append(f"member {shown}: {_SKIPPED[b'M']}")
-                elif next_pos > size:  # tar -x writes part of it (its last block too: tar reads whole blocks)
-                    result.cut = name
-                    raise ShardFormatError(f"truncated at offset {pos}: member {shown} needs {next_pos} bytes, "
-                                           f"the shard has {size}")
-                elif old_map is not None or sparse_pax:
-                    try:
-                        runs, real_size, data_at = _sparse_map(win, header, attrs, old_map, map_0_0, data_at, data_size)
-                    except ShardFormatError as why:
-                        result.warnings.append(f"member {shown}: sparse file with {why}: not served")
+                if typeflag in (b"x", b"g", b"L", b"K"):
+                    if data_size > MAX_EXT_HEADER:
+                        raise ShardFormatError(f"extended header of {data_size} bytes at offset {pos}")
+                    if next_pos > size:
+                        raise ShardFormatError(f"truncated inside the extended header at offset {pos}")
+                    data = win.get(data_at, data_size)
+                    if typeflag != b"g":
+                        repeated |= typeflag in pending
+                        pending.add(typeflag)
+                    if typeflag == b"x":
+                        pax = dict(_pax_items(data))
+                        maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
+                        if maybe_sparse and b"GNU.sparse.offset=" in data:
+                            pax_0_0 = [v for k, v in _pax_items(data) if k in _SPARSE_0_0]
+                    elif typeflag == b"g":
+                        records = dict(_pax_items(data))
+                        maybe_sparse_global |= _SPARSE_PAX in data or _SPARSE_STAR in data
+                        # GNU tar's posix multi-volume: a volume's global header names the file whose
+                        # rest comes next; it describes that one member only.
+                        continued = b"GNU.volume.offset" in records
+                        pax_global.update(item for item in records.items() if not item[0].startswith(b"GNU.volume."))
+                    elif typeflag == b"L":
+                        long_name = data.split(b"\0", 1)[0]
                     else:
-                        small = sparse.read(runs, 0, real_size, lambda o, n: win.get(data_at + o, n)) \
-                            if real_size <= SMALL_DATA else None
-                        result.members.append(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime,
-                                                           small=small, sparse=runs))
+                        long_link = data.split(b"\0", 1)[0]
+                    pos = next_pos
+                    continue
+
+                attrs = {**pax_global, **pax}
+                if long_name is not None:
+                    name = long_name
+                elif header[257:263] == b"ustar\x00" and header[345] != 0:
+                    name = _name_field(header[345:500]) + b"/" + _name_field(header[:100])
                 else:
-                    # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
-                    small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
-                    result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime, small=small))
-            elif typeflag in _DIRS or typeflag in _REGULAR:
-                result.members.append(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
-            elif typeflag == b"2":
-                result.members.append(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
-            elif typeflag == b"1":
-                result.members.append(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
-            elif typeflag in _SKIPPED:
-                shown = name.decode("utf-8", "backslashreplace")
-                result.warnings.append(f"member {shown}: {_SKIPPED[typeflag]}")
-            elif typeflag not in _IGNORED:
-                shown = name.decode("utf-8", "backslashreplace")
-                result.warnings.append(f"member {shown}: unknown tar type {typeflag!r} not served")
-            pos = next_pos
+                    name = _name_field(header[:100])
+                name = attrs.get(b"path", name)
+                link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
+                pax, long_name, long_link = {}, None, None
+                sparse_pax, maybe_sparse = (maybe_sparse or maybe_sparse_global) and _is_sparse(attrs), False
+                map_0_0, pax_0_0 = pax_0_0, []
+                rest_of_a_file, continued = continued, False
+                if pending:
+                    pending.clear()
+                if repeated:  # GNU tar keeps the last, tarfile and others the first: no one right answer
+                    repeated, pos = False, next_pos
+                    shown = name.decode("utf-8", "backslashreplace")
+                    result.warnings.append(
+                        f"member {shown}: two extended headers of one kind (readers differ) not served")
+                    continue
+
+                try:
+                    if b"size" in attrs:
+                        if not attrs[b"size"].isdigit():
+                            raise ValueError
+                        data_size = int(attrs[b"size"])
+                        next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
+                    mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
+                except ValueError:
+                    raise ShardFormatError(f"bad PAX size or mtime for member {name!r}") from None
+                mode = _number(header[100:108]) & 0o7777
+
+                # (a regular member whose name ends in "/" is an old-style directory)
+                if typeflag == b"S" or (typeflag in _REGULAR and not name.endswith(b"/")):
+                    if sparse_pax:
+                        name = attrs.get(b"GNU.sparse.name", name)
+                    shown = name.decode("utf-8", "backslashreplace")
+                    old_map = None
+                    if typeflag == b"S":  # its map goes on in blocks before the data
+                        old_map, map_end = _old_gnu_map(win, header, data_at, size)
+                        next_pos, data_at = next_pos + map_end - data_at, map_end
+                    if rest_of_a_file:
+                        result.warnings.append(f"member {shown}: {_SKIPPED[b'M']}")
+                    elif next_pos > size:  # tar -x writes part of it (its last block too: tar reads whole blocks)
+                        result.cut = name
+                        raise ShardFormatError(f"truncated at offset {pos}: member {shown} needs {next_pos} bytes, "
+                                               f"the shard has {size}")
+                    elif old_map is not None or sparse_pax:
+                        try:
+                            runs, real_size, data_at = _sparse_map(win, header, attrs, old_map, map_0_0, data_at,
+                                                                   data_size)
+                        except ShardFormatError as why:
+                            result.warnings.append(f"member {shown}: sparse file with {why}: not served")
+                        else:
+                            small = sparse.read(runs, 0, real_size, lambda o, n: win.get(data_at + o, n)) \
+                                if real_size <= SMALL_DATA else None
+                            result.members.append(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime,
+                                                               small=small, sparse=runs))
+                    else:
+                        # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
+                        small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
+                        result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime,
+                                                           small=small))
+                elif typeflag in _DIRS or typeflag in _REGULAR:
+                    result.members.append(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
+                elif typeflag == b"2":
+                    result.members.append(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
+                elif typeflag == b"1":
+                    result.members.append(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
+                elif typeflag in _SKIPPED:
+                    shown = name.decode("utf-8", "backslashreplace")
+                    result.warnings.append(f"member {shown}: {_SKIPPED[typeflag]}")
+                elif typeflag not in _IGNORED:
+                    shown = name.decode("utf-8", "backslashreplace")
+                    result.warnings.append(f"member {shown}: unknown tar type {typeflag!r} not served")
+                pos = next_pos
+        except ShardFormatError as exc:
+            if "offset" in str(exc):
+                raise
+            raise ShardFormatError(f"{exc} (in the header at offset {pos})") from None
         if pos < size:
             raise ShardFormatError(f"truncated at offset {pos}: {size - pos} bytes, not a whole header")
         if size:  # an empty file: nothing to serve and nothing lost (tar -x calls it no archive)
             # Every member is whole, but a download cut at a member's start looks just like this.
             raise ShardFormatError(f"truncated at offset {pos}: no end-of-archive marker")
-
 
 
 FORMAT = TarFormat()
