@@ -67,7 +67,8 @@ class VerifyResult:
         if self.problems:
             what += f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
             what += f" in {self.bad_shards} shard{'s' if self.bad_shards != 1 else ''}" if self.bad_shards else ""
-            what += f", {self.damaged_shards} damaged (served up to the damage)" if self.damaged_shards else ""
+            what += f", {self.damaged_shards} damaged (a mount serves their members outside the damage)" \
+                if self.damaged_shards else ""
         else:
             what += "all good"
         if self.unchecked_tar:
