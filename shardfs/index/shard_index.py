@@ -19,6 +19,7 @@ import numpy as np
 
 from shardfs.index import fingerprint, labels
 from shardfs.index import names
+from shardfs.index.replay import Replay
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import Kind, Window
 from shardfs.storage import open_shard
@@ -107,8 +108,8 @@ def build(shard: Shard | str) -> ShardIndex:
     shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
-    # Vet names; a later member of the same name replaces an earlier one (tar semantics).
-    kept: dict[bytes, object] = {}
+    # Vet names, then replay the members as tar -x extracts them (replay.py): later ones replace earlier ones.
+    replay = Replay(lambda line: warnings.append(f"{shown}: {line}"))
     for rec in result.members:
         try:
             path = names.normalise(rec.path)
@@ -119,7 +120,7 @@ def build(shard: Shard | str) -> ShardIndex:
             continue
         if rec.kind == Kind.HARDLINK:
             try:
-                target = kept.get(names.normalise(rec.link))
+                target = replay.kept.get(names.normalise(rec.link))
             except names.BadName:
                 target = None
             if target is None or target.kind == Kind.DIR:
@@ -131,21 +132,17 @@ def build(shard: Shard | str) -> ShardIndex:
             rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
         if rec.kind == Kind.SYMLINK:
             rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
-        if path in kept:
-            warnings.append(f"{shown}: member {names.show(path)} appears twice; the later one is served")
-            del kept[path]  # keep insertion order = position of the later member
-        rec.path = path
-        kept[path] = rec
+        replay.add(path, rec)
 
     if result.cut is not None:  # tar -x writes part of it over an earlier file of that name
         try:
             cut = names.normalise(result.cut)
         except names.BadName:
             cut = None
-        if cut in kept and kept[cut].kind != Kind.DIR:
+        if cut is not None and replay.cut(cut):
             warnings.append(f"{shown}: member {names.show(cut)}: a later member of this name is cut short; "
                             "neither is served")
-            del kept[cut]
+    kept = replay.kept
     members = list(kept.values())
     offsets = np.array([rec.offset for rec in members], dtype=np.int64)
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
