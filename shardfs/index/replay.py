@@ -11,10 +11,61 @@ link that leads nowhere in the archive, and a file or link where a folder with s
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from shardfs.formats.base import Kind, MemberRecord
-from shardfs.index.names import parent_of, show
+from shardfs.index.names import BadName, normalise, parent_of, show
+
+MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
+_DIR, _HARDLINK, _SYMLINK = Kind.DIR, Kind.HARDLINK, Kind.SYMLINK
+
+
+def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[str], None]) -> list[MemberRecord]:
+    """The members a shard ends as, in archive order, names normalised; ``cut``: the name of a
+    member the end of the shard cuts short (formats.base.ScanResult.cut)."""
+    state = Replay(warn)
+    kept, dirs, full = state.kept, state.dirs, state.full
+    for rec in records:
+        try:
+            path = normalise(rec.path)
+        except BadName as why:
+            if rec.kind == _DIR and not rec.path.strip(b"./"):
+                continue  # "./": the root itself, as `tar -C dir .` writes it
+            warn(f"member {show(rec.path)} refused: name {why}")
+            continue
+        kind = rec.kind
+        if kind == _HARDLINK:
+            try:
+                target = kept.get(normalise(rec.link))
+            except BadName:
+                target = None
+            if target is None or target.kind == _DIR:
+                warn(f"hard link {show(path)} -> {show(rec.link)}: target missing")
+                continue
+            rec.kind, rec.offset, rec.size, rec.link, rec.small, rec.sparse = (
+                target.kind, target.offset, target.size, target.link, target.small, target.sparse)
+            kind = rec.kind
+        if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
+            rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
+        if kind == _SYMLINK:
+            rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
+        slash = path.rfind(b"/")  # the common case inline: a new file in a folder made already
+        parent = path[:slash] if slash > 0 else b""
+        if kind != _DIR and parent in dirs and path not in dirs and path not in kept:
+            full.add(parent)
+            rec.path = path
+            kept[path] = rec
+        else:
+            state.add(path, rec)
+    if cut is not None:  # tar -x writes part of it over an earlier file of that name
+        try:
+            cut = normalise(cut)
+        except BadName:
+            cut = None
+        if cut is not None and state.cut(cut):
+            warn(f"member {show(cut)}: a later member of this name is cut short; neither is served")
+    return list(kept.values())
 
 
 class Replay:
@@ -25,8 +76,10 @@ class Replay:
         self.warn = warn
 
     def add(self, path: bytes, rec: MemberRecord, links: int = 0) -> None:
-        parent = parent_of(path)
-        if parent not in self.dirs:
+        cut = path.rfind(b"/")  # parent_of, inlined: this runs for every member of every shard
+        parent = path[:cut] if cut > 0 else b""
+        dirs, kept = self.dirs, self.kept
+        if parent not in dirs:
             through = self._make_folders(path, parent)
             if through is None:
                 return
@@ -37,19 +90,19 @@ class Replay:
                 self.add(through, rec, links + 1)
                 return
         if rec.kind == Kind.DIR:
-            self.dirs.add(path)
-        elif path in self.dirs:
+            dirs.add(path)
+        elif path in dirs:
             if path in self.full:
                 self.warn(f"member {show(path)}: a folder with files is there, which tar -x does not replace: "
                           "not served")
                 return
-            self.dirs.discard(path)
-        if path in self.kept:
+            dirs.discard(path)
+        if path in kept:
             self.warn(f"member {show(path)} appears twice; the later one is served")
-            del self.kept[path]  # keep insertion order = position of the later member
+            del kept[path]  # keep insertion order = position of the later member
         self.full.add(parent)
         rec.path = path
-        self.kept[path] = rec
+        kept[path] = rec
 
     def cut(self, path: bytes) -> bool:
         """The member of ``path`` that a cut-short one would overwrite leaves; True if there was one."""

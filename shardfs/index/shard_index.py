@@ -10,7 +10,6 @@ beside a remote object is checked against that object.
 from __future__ import annotations
 
 import hashlib
-import math
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,8 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardfs.index import fingerprint, labels
-from shardfs.index import names
-from shardfs.index.replay import Replay
+from shardfs.index import names, replay
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import Kind, Window
 from shardfs.storage import open_shard
@@ -28,7 +26,6 @@ from shardfs.storage.base import Shard
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".shardfs-idx"
-MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 
 
 def path_hash(path: bytes) -> int:
@@ -108,42 +105,8 @@ def build(shard: Shard | str) -> ShardIndex:
     shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
-    # Vet names, then replay the members as tar -x extracts them (replay.py): later ones replace earlier ones.
-    replay = Replay(lambda line: warnings.append(f"{shown}: {line}"))
-    for rec in result.members:
-        try:
-            path = names.normalise(rec.path)
-        except names.BadName as why:
-            if rec.kind == Kind.DIR and not rec.path.strip(b"./"):
-                continue  # "./": the root itself, as `tar -C dir .` writes it
-            warnings.append(f"{shown}: member {names.show(rec.path)} refused: name {why}")
-            continue
-        if rec.kind == Kind.HARDLINK:
-            try:
-                target = replay.kept.get(names.normalise(rec.link))
-            except names.BadName:
-                target = None
-            if target is None or target.kind == Kind.DIR:
-                warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
-                continue
-            rec.kind, rec.offset, rec.size, rec.link, rec.small, rec.sparse = (
-                target.kind, target.offset, target.size, target.link, target.small, target.sparse)
-        if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
-            rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
-        if rec.kind == Kind.SYMLINK:
-            rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
-        replay.add(path, rec)
-
-    if result.cut is not None:  # tar -x writes part of it over an earlier file of that name
-        try:
-            cut = names.normalise(result.cut)
-        except names.BadName:
-            cut = None
-        if cut is not None and replay.cut(cut):
-            warnings.append(f"{shown}: member {names.show(cut)}: a later member of this name is cut short; "
-                            "neither is served")
-    kept = replay.kept
-    members = list(kept.values())
+    # Names vetted, members replayed as tar -x extracts them: later ones replace earlier ones.
+    members = replay.extracted(result.members, result.cut, lambda line: warnings.append(f"{shown}: {line}"))
     offsets = np.array([rec.offset for rec in members], dtype=np.int64)
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
     cls_member, cls_value = labels.no_labels()
