@@ -69,6 +69,8 @@ def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[st
 
 
 class Replay:
+    """What extraction has made so far; ``add`` takes the next member (any case)."""
+
     def __init__(self, warn: Callable[[str], None]):
         self.kept: dict[bytes, MemberRecord] = {}  # path -> the member it ends as, in archive order
         self.dirs: set[bytes] = {b""}  # folders: explicit members, and those made for a member under them
@@ -76,8 +78,7 @@ class Replay:
         self.warn = warn
 
     def add(self, path: bytes, rec: MemberRecord, links: int = 0) -> None:
-        cut = path.rfind(b"/")  # parent_of, inlined: this runs for every member of every shard
-        parent = path[:cut] if cut > 0 else b""
+        parent = parent_of(path)
         dirs, kept = self.dirs, self.kept
         if parent not in dirs:
             through = self._make_folders(path, parent)
