@@ -3,14 +3,21 @@ source tree, each with what `tar -x` extracts from it: the corpus of the differe
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
 import shutil
+import stat
 import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from shardfs.formats import sparse
+from shardfs.formats.base import Kind
+from shardfs.index import shard_index as index
 
 LONG_100 = "long/" + "a" * 60 + "/" + "b" * 50 + ".bin"  # > 100 bytes: GNU 'L', PAX path or ustar prefix
 LONG_255 = "long/" + "/".join(["c" * 100] * 3) + ".bin"  # > 255 bytes: beyond ustar's prefix+name
@@ -62,9 +69,69 @@ def extract(archives: list[Path], reference: Path, multivolume: bool = False) ->
     # Exit 2 with names ustar/v7 could not hold or a cut last volume: what was written still counts.
     if multivolume:
         _run(["tar", "-x", "-M", *[a for p in archives for a in ("-f", str(p))], "-C", str(reference)])
-    for path in archives if not multivolume else []:
+    for path in archives if not multivolume else []:  # exit 2 also for a cut or damaged archive
         _run(["tar", "-x", "-f", str(path), "-C", str(reference)], ok=(0, 2))
     return reference
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def reference_entries(root: Path) -> dict[bytes, tuple[str, object]]:
+    """Relative name -> ("file", sha256) / ("symlink", target) / ("dir", None) / ("other", None)."""
+    found = {}
+    base = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, base)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                found[rel] = ("symlink", os.readlink(full))
+            elif stat.S_ISDIR(st.st_mode):
+                found[rel] = ("dir", None)
+            elif stat.S_ISREG(st.st_mode):
+                with open(full, "rb") as f:
+                    found[rel] = ("file", sha256(f.read()))
+            else:
+                found[rel] = ("other", None)
+    return found
+
+
+def served_entries(case: Case) -> tuple[dict[bytes, tuple[str, object]], str]:
+    """What shardfs serves from the case's shards, and every warning and error it gave, in one text.
+    As in the mounted tree (view/tree.py), a path that is a directory anywhere is served as one."""
+    served, notes, dirs = {}, [], set()
+    for path in case.archives:
+        ix = index.build(str(path))
+        notes += ix.warnings + ([ix.error] if ix.error else [])
+        data = path.read_bytes()
+        for i in range(len(ix)):
+            name, kind = ix.name(i), ix.kind[i]
+            if kind == Kind.FILE:
+                served[name] = ("file", sha256(member_bytes(ix, i, data, path.name)))
+            elif kind == Kind.SYMLINK:
+                served[name] = ("symlink", ix.symlinks[i])
+            else:
+                dirs.add(name)
+        dirs.update(ix.dirs)  # parents of members are directories of the tree too
+    for directory in list(dirs):
+        while directory:
+            served[directory] = ("dir", None)
+            directory = directory.rpartition(b"/")[0]
+    return served, "\n".join(notes)
+
+
+def member_bytes(ix, i: int, data: bytes, shown: str) -> bytes:
+    """Member i's bytes as shardfs serves them: a byte range of the shard, or a sparse file's runs."""
+    start, size = int(ix.offset[i]), int(ix.size[i])
+    runs = ix.sparse.get(i)
+    stored = size if runs is None else int(runs[:, 1].sum())
+    assert 0 <= start and start + stored <= len(data), f"{shown}: {ix.name(i)!r} outside the shard"
+    if runs is None:
+        return data[start : start + size]
+    return sparse.read(runs, 0, size, lambda o, n: data[start + o : start + o + n])
 
 
 def _gnu_tar(fmt: str, *extra: str) -> Callable[[Path, Path], list[Path]]:
@@ -190,3 +257,156 @@ def build(name: str, src: Path, out: Path) -> Case:
     out.mkdir(parents=True, exist_ok=True)
     archives = WRITERS[name](src, out)
     return Case(name, archives, extract(archives, out / "reference", multivolume="multivolume" in name))
+
+
+# ---- the edge-case suite: what archive-mount projects test with ---------------------------------
+# Each writer below makes archives of one kind of edge case; `edge_cases` adds copies of a few of
+# them cut short or with a damaged header. The differential harness (test_tar_edge_cases.py)
+# compares what shardfs serves from each with what `tar -x` extracts.
+
+def make_edge_tree(root: Path, seed: int = 1) -> Path:
+    """make_tree plus more sparse shapes (all holes, data only at the end, forty runs: more than
+    one GNU extension block) and a folder of small files, so that a cut lands among many members."""
+    make_tree(root, seed)
+    rng = random.Random(seed)
+    with open(root / "sparse/allholes.bin", "wb") as f:
+        f.truncate(1_000_000)
+    with open(root / "sparse/tail.bin", "wb") as f:
+        f.seek(700_000)
+        f.write(rng.randbytes(5000))
+    with open(root / "sparse/forty.bin", "wb") as f:
+        for i in range(40):
+            f.seek(i * 65536 + 4096)
+            f.write(rng.randbytes(1000 + i))
+        f.truncate(41 * 65536)
+    (root / "many").mkdir()
+    for i in range(30):
+        (root / f"many/f{i:02d}.txt").write_bytes(rng.randbytes(rng.randrange(3000)))
+    return root
+
+
+def _tarfile_members(members: list[tuple[str, str, object]]) -> Callable[[Path, Path], list[Path]]:
+    """An archive of the given members in order: (name, "file" | "dir" | "symlink" | "hardlink", data or target)."""
+    def write(src: Path, out: Path) -> list[Path]:
+        path = out / "a.tar"
+        with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+            for name, kind, value in members:
+                info = tarfile.TarInfo(name)
+                info.mtime, info.mode = 1_600_000_000, 0o755 if kind == "dir" else 0o644
+                if kind == "file":
+                    info.size = len(value)
+                    tf.addfile(info, io.BytesIO(value))
+                    continue
+                info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE}[kind]
+                info.linkname = value or ""
+                tf.addfile(info)
+        return [path]
+    return write
+
+
+def _absolute_gnu_tar(tool: str) -> Callable[[Path, Path], list[Path]]:
+    """Members named by absolute paths (`-P` keeps the leading slash)."""
+    def write(src: Path, out: Path) -> list[Path]:
+        path = out / "a.tar"
+        _run([tool, "-c", "-P", "-f", str(path), str(src / "many"), str(src / "links"), str(src / "plain")])
+        return [path]
+    return write
+
+
+def _appended(tool: str) -> Callable[[Path, Path], list[Path]]:
+    """`tar -r`: a file archived again after a change; tar -x leaves the last one."""
+    def write(src: Path, out: Path) -> list[Path]:
+        tree, path = out / "tree", out / "a.tar"
+        _run(["cp", "-a", str(src / "plain"), str(tree)])
+        _run([tool, "-c", "-f", str(path), "-C", str(tree), "."])
+        (tree / "small.txt").write_bytes(b"second version\n")
+        (tree / "block.bin").write_bytes(b"third" * 300)
+        _run([tool, "-r", "-f", str(path), "-C", str(tree), "small.txt", "block.bin"])
+        (tree / "small.txt").write_bytes(b"third version, longer than the others\n")
+        _run([tool, "-r", "-f", str(path), "-C", str(tree), "small.txt"])
+        return [path]
+    return write
+
+
+_BLOB = bytes(range(256)) * 9
+EDGE_WRITERS: dict[str, Callable[[Path, Path], list[Path]]] = {
+    **{f"sparse-gnutar-{fmt}": _gnu_tar(fmt, "--sparse") for fmt in ("gnu", "oldgnu")},
+    **{f"sparse-gnutar-posix-{v}": _gnu_tar("posix", "--sparse", f"--sparse-version={v}")
+       for v in ("0.0", "0.1", "1.0")},
+    "sparse-bsdtar-pax": _bsdtar("pax"),
+    "absolute-gnutar": _absolute_gnu_tar("tar"),
+    "absolute-bsdtar": _absolute_gnu_tar("bsdtar"),
+    "names-tarfile": _tarfile_members([
+        ("/abs/x.txt", "file", b"absolute"), ("//two/slashes.txt", "file", b"two"),
+        ("./a//b/./c.txt", "file", b"denormal"),
+        ("../up.txt", "file", b"climbs"), ("a/../down.txt", "file", b"dotdot"), ("/", "dir", None),
+        ("./", "dir", None), ("a/b/", "dir", None), ("ok.txt", "file", _BLOB)]),
+    "links-tarfile": _tarfile_members([
+        ("target.txt", "file", b"the target\n"), ("s1", "symlink", "target.txt"), ("s2", "symlink", "s1"),
+        ("s3", "symlink", "s2"), ("dir/up", "symlink", "../s3"), ("h1", "hardlink", "target.txt"),
+        ("h2", "hardlink", "h1"), ("h3", "hardlink", "h2"), ("dangling", "symlink", "nowhere"),
+        ("target.txt", "file", b"replaced after the links\n"), ("h4", "hardlink", "target.txt")]),
+    "replaced-tarfile": _tarfile_members([
+        ("f2d", "file", b"a file first"), ("f2d", "dir", None), ("f2d/in.txt", "file", b"inside"),
+        ("e2f", "dir", None), ("e2f", "file", b"an empty folder, then a file"),
+        ("d2f", "dir", None), ("d2f/kept.txt", "file", b"kept"), ("d2f", "file", b"tar cannot replace a full folder"),
+        ("s2f", "symlink", "f2d"), ("s2f", "file", b"a link, then a file"),
+        ("f2s", "file", b"a file, then a link"), ("f2s", "symlink", "e2f"),
+        ("twice.txt", "file", b"first"), ("twice.txt", "file", b"second and last"),
+        ("fthen", "file", b"a file"), ("fthen/child.txt", "file", b"under a file: tar cannot"),
+        ("childthen/y.txt", "file", b"y"), ("childthen", "file", b"over a full folder: tar cannot"),
+        ("dangling", "symlink", "nowhere"), ("dangling/child.txt", "file", b"under a dangling link: tar cannot"),
+        ("ldir", "dir", None), ("lnk", "symlink", "ldir"), ("sub/lnk2", "symlink", "../lnk"),
+        ("lnk/through.txt", "file", b"written through a link"), ("sub/lnk2/chain.txt", "file", b"through two links"),
+        ("lnk/deeper/in.txt", "file", b"a folder made through a link")]),
+    "appended-gnutar": _appended("tar"),
+    "appended-bsdtar": _appended("bsdtar"),
+    "incremental-level0": _incremental(0),
+    "incremental-level1": _incremental(1),
+}
+
+
+def headers(data: bytes) -> list[int]:
+    """Offsets of the headers (extended ones too), read with tarfile's number decoder."""
+    offsets, pos = [], 0
+    while pos + 512 <= len(data) and data[pos : pos + 512].count(0) < 512:
+        offsets.append(pos)
+        pos += 512 + (tarfile.nti(data[pos + 124 : pos + 136]) + 511) // 512 * 512
+    return offsets
+
+
+def _cuts(data: bytes) -> dict[str, bytes]:
+    """Copies of an archive cut short (mid-data, mid-header, at a member's start, in its last
+    block, without the end marker) or with one header damaged in the middle."""
+    heads = headers(data)
+    mid = heads[len(heads) // 2]
+    damaged = bytearray(data)
+    damaged[mid + 5] ^= 0x55  # a byte of its name: the checksum no longer matches
+    return {"cut-mid-data": data[: heads[len(heads) // 3] + 512 + 700], "cut-mid-header": data[: mid + 100],
+            "cut-at-member": data[:mid], "cut-last-block": data[: heads[-1] + 512 + 10],
+            "cut-no-end-marker": data[: len(data.rstrip(b"\0")) + 1], "cut-half": data[: len(data.rstrip(b"\0")) // 2],
+            "damaged-header": bytes(damaged)}
+
+
+CUT_FROM = ["sparse-gnutar-posix-1.0", "sparse-gnutar-gnu", "appended-gnutar", "names-tarfile"]
+
+
+def edge_cases(out: Path) -> list[Case]:
+    """Every edge-case archive (EDGE_WRITERS, and cut or damaged copies of CUT_FROM's), each
+    with GNU tar's extraction. Writers whose tool is missing are left out."""
+    src = make_edge_tree(out / "src")
+    cases = []
+    for name, write in EDGE_WRITERS.items():
+        if missing_tool(name.split("-", 1)[1]) is not None:
+            continue
+        where = out / name
+        where.mkdir()
+        archives = write(src, where)
+        cases.append(Case(name, archives, extract(archives, where / "reference")))
+        if name in CUT_FROM:
+            for how, data in _cuts(archives[0].read_bytes()).items():
+                cut = out / f"{name}-{how}"
+                cut.mkdir()
+                (cut / "a.tar").write_bytes(data)
+                cases.append(Case(cut.name, [cut / "a.tar"], extract([cut / "a.tar"], cut / "reference")))
+    return cases

@@ -25,3 +25,28 @@ def member(name: bytes, data: bytes = b"", **kw) -> bytes:
 
 def archive(*members: bytes) -> bytes:
     return b"".join(members) + b"\0" * 1024
+
+
+def _fix_checksum(h: bytearray) -> bytes:
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def old_sparse_member(name: bytes, runs: list[tuple[int, bytes]], real_size: int) -> bytes:
+    """A GNU 'S' member: four runs in its header, the rest in extension blocks of 21."""
+    data = b"".join(chunk for _, chunk in runs)
+    entries = [b"%011o\0%011o\0" % (offset, len(chunk)) for offset, chunk in runs]
+    h = bytearray(header(name, len(data), typeflag=b"S", magic=b"ustar  \0"))
+    h[386 : 386 + 24 * len(entries[:4])] = b"".join(entries[:4])
+    h[482] = len(entries) > 4
+    h[483:495] = b"%011o\0" % real_size
+    blocks = [_fix_checksum(h)]
+    rest = entries[4:]
+    while rest:
+        block = bytearray(512)
+        block[: 24 * len(rest[:21])] = b"".join(rest[:21])
+        rest = rest[21:]
+        block[504] = bool(rest)
+        blocks.append(bytes(block))
+    return b"".join(blocks) + data + b"\0" * (-len(data) % 512)

@@ -1,14 +1,16 @@
 """Fuzzing the tar scanner with damaged copies of what real writers produce (tar_corpus.py).
 
 Every mutated archive is scanned in memory. Properties: no exception escapes (damage becomes
-ScanResult.error or a warning), memory stays bounded whatever sizes a header claims, every served
-range lies inside the archive, and where Python's tarfile still reads the archive and finds a
-regular member at the same data offset, it agrees on the size (so on the bytes)."""
+ScanResult.error, naming the offset where it is, or a warning), memory stays bounded whatever
+sizes a header claims, every served range lies inside the archive, and where Python's tarfile
+still reads the archive and finds a regular member at the same data offset, it agrees on the
+size and the sparse map (so on the bytes)."""
 
 from __future__ import annotations
 
 import datetime
 import io
+import re
 import tarfile
 import tracemalloc
 
@@ -154,11 +156,17 @@ def scan_checked(data: bytes):
     finally:
         tracemalloc.stop()
     assert peak < MEMORY_BOUND, f"scan allocated {peak} bytes"
-    assert result.error is None or isinstance(result.error, str)
+    assert result.error is None or re.search(r"at offset \d+", result.error), result.error  # where it stopped
     for rec in result.members:
         if rec.kind == Kind.FILE:
-            assert 0 < rec.offset and rec.offset + rec.size <= len(data)
-            assert rec.small is None or rec.small == data[rec.offset : rec.offset + rec.size]
+            stored = rec.size if rec.sparse is None else int(rec.sparse[:, 1].sum())
+            assert 0 < rec.offset and rec.offset + stored <= len(data)
+            if rec.sparse is None:
+                assert rec.small is None or rec.small == data[rec.offset : rec.offset + rec.size]
+            else:  # runs in order, inside the real size (sparse.runs checks them; here checked again)
+                ends = rec.sparse[:, 0] + rec.sparse[:, 1]
+                assert (rec.sparse >= 0).all() and (ends[:-1] <= rec.sparse[1:, 0]).all()
+                assert ends.max(initial=0) <= rec.size
     return result
 
 
@@ -174,14 +182,17 @@ def tarfile_regulars(data: bytes) -> list[tarfile.TarInfo]:
 
 
 def agrees_with_tarfile(data: bytes, result) -> int:
-    """Where tarfile reads a regular member at the same data offset, it is not sparse and the
-    served size matches (so do the bytes). Returns how many members were compared."""
-    served = {rec.offset: rec.size for rec in result.members if rec.kind == Kind.FILE}
+    """Where tarfile reads a regular member at the same data offset, the served size matches and
+    so does the sparse map, if any (so do the bytes). Returns how many members were compared."""
+    served = {rec.offset: rec for rec in result.members if rec.kind == Kind.FILE}
     compared = 0
     for info in tarfile_regulars(data):
-        if info.offset_data in served:
-            assert not info.sparse, f"{info.name}: sparse to tarfile, served as one byte range"
-            assert served[info.offset_data] == info.size, f"{info.name}: tarfile reads another size"
+        rec = served.get(info.offset_data)
+        if rec is not None:
+            runs = None if rec.sparse is None else [tuple(run) for run in rec.sparse.tolist()]
+            theirs = None if info.sparse is None else [(o, n) for o, n in info.sparse if n]
+            assert runs == theirs, f"{info.name}: tarfile reads another sparse map"
+            assert rec.size == info.size, f"{info.name}: tarfile reads another size"
             compared += 1
     return compared
 
@@ -207,7 +218,7 @@ def test_mutated_writer_archives_long_run(seeds, pick, plan):
 
 
 def test_unmutated_seeds_agree_with_tarfile(seeds):
-    """The seeds themselves: every regular, non-sparse member tarfile finds is served at its offset
+    """The seeds themselves: every regular member tarfile finds (sparse ones too) is served at its offset
     (tarfile knows no GNU volumes: their seeds are only checked for agreement)."""
     compared = 0
     for name, data, _ in seeds:
@@ -216,7 +227,7 @@ def test_unmutated_seeds_agree_with_tarfile(seeds):
         compared += agrees_with_tarfile(data, result)
         if "multivolume" not in name:
             served = {rec.offset for rec in result.members if rec.kind == Kind.FILE}
-            missed = [i.name for i in tarfile_regulars(data) if not i.sparse and i.offset_data not in served]
+            missed = [i.name for i in tarfile_regulars(data) if i.offset_data not in served]
             assert not missed, f"{name}: tarfile reads {missed}, the scanner does not serve them"
     assert compared > 100
 

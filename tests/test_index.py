@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import needs_fuse, shardfs_cmd
-from tarcraft import archive, member
+from tarcraft import archive, member, old_sparse_member
 
 from shardfs.index import index_file
 from shardfs.index import shard_index as index
@@ -150,6 +150,45 @@ def test_an_index_of_version_2_is_used_and_rewritten_in_the_flat_format(tmp_path
     with open(built.stored_at, "rb") as f:
         assert f.read(len(index_file.MAGIC)) == index_file.MAGIC  # converted, not rebuilt
     _assert_same(built, index_file.load(built.stored_at))
+
+
+def test_sparse_maps_round_trip_through_the_index_file(tmp_path):
+    runs = [(i * 5000, bytes([i]) * (10 + i)) for i in range(1, 30)]
+    path = tmp_path / "s.tar"
+    path.write_bytes(archive(member(b"plain", b"p"), old_sparse_member(b"one", runs, 200_000),
+                             member(b"hard", typeflag=b"1", linkname=b"one"),
+                             old_sparse_member(b"two", runs[:2], 20_000)))
+    ix = index.build(str(path))
+    assert sorted(ix.sparse) == [1, 2, 3] and len(ix.sparse[1]) == 29 and len(ix.sparse[3]) == 2
+    index_file.save(ix, str(tmp_path / "s.idx"))
+    back = index_file.load(str(tmp_path / "s.idx"))
+    assert sorted(back.sparse) == sorted(ix.sparse)
+    assert all(np.array_equal(back.sparse[m], ix.sparse[m]) for m in ix.sparse)
+    assert np.array_equal(back.size, ix.size) and int(back.size[2]) == 200_000  # the hard link: the real size
+
+
+def _save_version_3(ix: index.ShardIndex, path: str, monkeypatch) -> None:
+    """An index as shardfs wrote it before sparse maps (the flat file, version 3)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(index_file, "INDEX_VERSION", 3)
+        patch.setattr(index_file, "SPARSE_ARRAYS", ())
+        index_file.save(ix, path)
+
+
+def test_an_index_of_version_3_is_used_unless_it_left_members_out(tmp_path, monkeypatch):
+    shard = _odd_shard(tmp_path)
+    built, _ = store.load_or_build(shard)
+    _save_version_3(built, built.stored_at, monkeypatch)
+    assert index_file.load(built.stored_at).legacy
+    ix, how = store.load_or_build(shard)
+    assert how == "loaded" and not ix.legacy and ix.sparse == {}
+    with open(built.stored_at, "rb") as f:  # rewritten as version 4, not rebuilt
+        assert int.from_bytes(f.read(12)[8:12], "little") == index_file.INDEX_VERSION == 4
+    # One whose warnings say a sparse file was left out is rebuilt: this version serves it.
+    built.warnings = built.warnings + ["odd.tar: member s.bin: GNU sparse file not served"]
+    _save_version_3(built, built.stored_at, monkeypatch)
+    ix, how = store.load_or_build(shard)
+    assert how == "built" and not any("sparse" in w for w in ix.warnings)
 
 
 def _array_span(data: bytes, name: str) -> tuple[int, int]:

@@ -13,7 +13,8 @@ from shardfs.index import shard_index as index
 from shardfs.index import names
 from shardfs.formats.base import Kind
 from shardfs.formats.tar import FORMAT as TAR
-from tarcraft import archive, header, member
+from shardfs.formats import sparse
+from tarcraft import archive, header, member, old_sparse_member
 
 LONG = "a/" + "b" * 120 + "/" + "c" * 120 + ".txt"  # > 100 bytes: GNU long name / PAX / ustar prefix
 
@@ -125,13 +126,14 @@ def test_hardlink_to_missing_target_is_reported(tmp_path):
 
 @pytest.mark.parametrize("raw,expected", [
     (b"./a//b/", b"a/b"), (b"a/./b", b"a/b"), (b"x", b"x"), (b"\xe9t\xe9", b"\xe9t\xe9"),
+    (b"/abs/x", b"abs/x"), (b"//abs", b"abs"),  # leading slashes stripped, as GNU tar and bsdtar do
 ])
 def test_normalise(raw, expected):
     assert names.normalise(raw) == expected
 
 
 @pytest.mark.parametrize("raw,why", [
-    (b"/abs", "absolute"), (b"../x", "climbs"), (b"a/../../x", "climbs"), (b"a/..", "climbs"),
+    (b"/../x", "climbs"), (b"../x", "climbs"), (b"a/../../x", "climbs"), (b"a/..", "climbs"),
     (b"a\0b", "NUL"), (b"./", "empty"), (b"x" * 256, "longer than 255"), ((b"d/" * 2100) + b"f", "longer than 4095"),
 ])
 def test_normalise_refuses(raw, why):
@@ -148,26 +150,53 @@ def _pax(**records: bytes) -> bytes:
     return member(b"PaxHeader", body, typeflag=b"x")
 
 
-def test_constructs_that_are_not_one_byte_range_are_left_out(tmp_path):
-    sparse_header = bytearray(header(b"old-sparse", 5, typeflag=b"S"))
-    sparse_header[482] = 1  # isextended: one more block of sparse map before the data
-    sparse_header[148:156] = b" " * 8
-    sparse_header[148:156] = b"%06o\0 " % sum(sparse_header)
-    extension = bytearray(512)  # its own isextended byte (504) is 0: the last one
+def test_constructs_tar_does_not_extract_alone_are_left_out(tmp_path):
     path = tmp_path / "n.tar"
     path.write_bytes(archive(
-        bytes(sparse_header) + bytes(extension) + b"holes".ljust(512, b"\0"),
-        _pax(GNU_sparse_major=b"1", GNU_sparse_minor=b"0", GNU_sparse_name=b"real/name"),
-        member(b"./GNUSparseFile.1/name", b"map and data"),
         member(b"part", b"rest of a file", typeflag=b"M"),
         _pax(path=b"first"), _pax(path=b"second"), member(b"twice", b"?"),
+        _pax(GNU_sparse_major=b"2", GNU_sparse_minor=b"0", GNU_sparse_name=b"real/name"),
+        member(b"./GNUSparseFile.1/name", b"map and data"),
         member(b"after", b"still read"),
     ))
     result = TAR.scan(open_shard(str(path)))
     assert [(r.path, _read(path, r)) for r in result.members] == [(b"after", b"still read")]
-    assert [w.split(":")[0] for w in result.warnings] == ["member old-sparse", "member real/name", "member part",
-                                                          "member second"]
+    assert [w.split(":")[0] for w in result.warnings] == ["member part", "member second", "member real/name"]
+    assert "unknown sparse format" in result.warnings[2]
     assert result.error is None
+
+
+def test_old_gnu_sparse_map_with_extension_blocks(tmp_path):
+    """Thirty runs: four in the header, then two extension blocks (21 + 5)."""
+    runs = [(i * 10_000 + i, bytes([65 + i % 26]) * (100 + i)) for i in range(30)]
+    content = bytearray(400_000)
+    for offset, chunk in runs:
+        content[offset : offset + len(chunk)] = chunk
+    path = tmp_path / "s.tar"
+    path.write_bytes(archive(old_sparse_member(b"holes", runs, len(content)), member(b"after", b"x")))
+    ix = index.build(str(path))
+    assert ix.error is None and ix.warnings == [] and [ix.name(i) for i in range(len(ix))] == [b"holes", b"after"]
+    data = path.read_bytes()
+    stored = lambda o, n: data[int(ix.offset[0]) + o : int(ix.offset[0]) + o + n]  # noqa: E731
+    assert int(ix.size[0]) == len(content) and len(ix.sparse[0]) == 30
+    assert sparse.read(ix.sparse[0], 0, len(content), stored) == bytes(content)
+    for start, length in [(0, 1), (9_999, 5), (10_001, 101), (150_000, 70_000), (399_990, 10)]:
+        assert sparse.read(ix.sparse[0], start, length, stored) == bytes(content[start : start + length])
+    with tarfile.open(path) as tf:  # Python's tarfile reads the same map
+        assert tf.extractfile("holes").read() == bytes(content)
+
+
+@pytest.mark.parametrize("runs,real_size", [
+    ([(100, b"a"), (50, b"b")], 1000),  # out of order
+    ([(0, b"aaaa"), (2, b"b")], 1000),  # overlapping
+    ([(990, b"a" * 20)], 1000),  # past the real size
+])
+def test_hostile_sparse_maps_are_left_out(tmp_path, runs, real_size):
+    path = tmp_path / "h.tar"
+    path.write_bytes(archive(old_sparse_member(b"bad", runs, real_size), member(b"after", b"x")))
+    ix = index.build(str(path))
+    assert [ix.name(i) for i in range(len(ix))] == [b"after"]
+    assert "member bad: sparse file with a sparse map out of order or beyond the file" in ix.warnings[0]
 
 
 def test_dumpdirs_and_slash_ended_regular_members_are_directories(tmp_path):

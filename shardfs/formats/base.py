@@ -22,6 +22,8 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import numpy as np
+
 from shardfs.errors import ShardfsError
 from shardfs.storage.base import ShardIOError
 
@@ -45,6 +47,9 @@ class MemberRecord:
     mtime: float
     link: bytes = b""  # symlink target, or hard link target path
     small: bytes | None = None  # the data, when the scan read it anyway (tiny members: labels)
+    # A sparse file (formats/sparse.py): its runs, (offset in the file, length) rows, whose bytes are
+    # stored back to back from ``offset``; ``size`` is the file's real size. None for all others.
+    sparse: np.ndarray | None = None
 
 
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
@@ -59,8 +64,11 @@ class ScanResult:
     members: list[MemberRecord]
     # Problems that did not stop the scan (one line each, naming the member).
     warnings: list[str]
-    # Set when the scan stopped early: the members before the damage are still good.
+    # Set when the scan stopped early or skipped damage: the members it lists are still good.
     error: str | None = None
+    # The name of a member the damage cut short: tar -x writes part of it over any earlier member of
+    # that name, so neither is served.
+    cut: bytes | None = None
 
 
 class DataLayout(Protocol):

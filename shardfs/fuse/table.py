@@ -144,6 +144,11 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
     children = child[by_parent]
     child_start = np.searchsorted(parent[by_parent], np.arange(ndirs + 1)).astype(np.uint32)
 
+    # A sparse member is not one byte range of the shard: an offset of -1 sends its reads to Python.
+    offset = np.ascontiguousarray(tree.offset, np.int64)
+    if tree.sparse:
+        offset = offset.copy()
+        offset[list(tree.sparse)] = -1
     name_lengths = np.fromiter((len(p) for p in dir_paths), np.int64, ndirs)
     arrays = {
         "ino": np.concatenate([dir_ino, member_ino]),
@@ -160,7 +165,7 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         "names": tree.names,
         "name_end": np.ascontiguousarray(tree.name_end, np.int64),
         "size": np.ascontiguousarray(tree.size, np.int64),
-        "offset": np.ascontiguousarray(tree.offset, np.int64),
+        "offset": offset,
         "shard": np.ascontiguousarray(tree.shard, np.uint32),
         "mode": np.ascontiguousarray(tree.mode, np.uint16),
         "kind": np.ascontiguousarray(tree.kind, np.uint8),

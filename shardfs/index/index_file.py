@@ -15,8 +15,11 @@ objects before, are one blob (shard_index.SplitOnUse). The crc32 catches a damag
 zip of version 2 did), so an index that was truncated or bit-flipped is rebuilt, never trusted
 to say where a member's bytes are.
 
-Version 2 indexes (an uncompressed ``.npz``) are still read: indexes uploaded beside remote
-objects stay usable, and the store rewrites a local one in this format once it is found current.
+Version 2 indexes (an uncompressed ``.npz``) and version 3 ones (this layout without the sparse
+maps) are still read: indexes uploaded beside remote objects stay usable, and the store rewrites a
+local one in this format once it is found current. One that says it left members out is rebuilt
+instead (store.py): this version serves more of such shards (sparse files, absolute names, members
+after damage).
 """
 
 from __future__ import annotations
@@ -32,15 +35,20 @@ import numpy as np
 
 from shardfs.atomic import atomic_file
 from shardfs.errors import ShardfsError
+from shardfs.formats.base import Kind
 from shardfs.index.shard_index import ShardIndex, SplitOnUse
 
-INDEX_VERSION = 3  # 3: flat file (2: .npz with cls_member/cls_value)
+INDEX_VERSION = 4  # 4: sparse maps (3: flat file; 2: .npz with cls_member/cls_value)
+OLDER_FLAT = 3  # still read: a version 3 file has no sparse tables
 NPZ_VERSION = 2  # the last .npz version, still read
 MAGIC = b"\x89SFSIDX\n"  # a high first byte and a newline: text-mode mangling shows
 _HEADER = struct.Struct("<8sIIIIQ")
 _ALIGN = 8
 # Per-member (and label) arrays, as ShardIndex names them; "dirs" is a blob of NUL-joined names.
 ARRAYS = ("name_end", "kind", "offset", "size", "mode", "mtime", "hash", "parent", "cls_member", "cls_value")
+# The sparse maps (ShardIndex.sparse) as three tables: the members that have one, where each one's
+# runs end (a count of runs), and the runs, (offset, length) rows flattened.
+SPARSE_ARRAYS = ("sparse_member", "sparse_end", "sparse_runs")
 
 
 class OutdatedIndex(ShardfsError, ValueError):
@@ -63,6 +71,7 @@ def save(index: ShardIndex, path: str) -> None:
     """Write atomically (temp file + rename) so a reader never sees half an index."""
     # Directory names never hold a NUL (names.normalise refuses it): one NUL-joined blob.
     arrays = [(name, np.ascontiguousarray(getattr(index, name))) for name in ARRAYS]
+    arrays += zip(SPARSE_ARRAYS, sparse_tables(index.sparse))
     arrays.append(("dirs", np.frombuffer(b"\0".join(index.dirs), np.uint8)))
     meta = json.dumps({
         "format": index.format,
@@ -109,7 +118,7 @@ def _read(f, size: int) -> ShardIndex:
     if len(head) < _HEADER.size or head[:8] != MAGIC:
         raise ValueError("not a shardfs index")
     _, version, meta_len, crc, _, names_len = _HEADER.unpack(head)
-    if version != INDEX_VERSION:
+    if version not in (INDEX_VERSION, OLDER_FLAT):
         raise OutdatedIndex(f"index version {version}, this shardfs writes {INDEX_VERSION}")
     body_len = size - _HEADER.size - names_len
     if body_len < meta_len:
@@ -122,7 +131,26 @@ def _read(f, size: int) -> ShardIndex:
         raise ValueError("the file changed while it was read")
     if zlib.crc32(names, zlib.crc32(body)) != crc:
         raise ValueError("damaged (its checksum does not match)")
-    return _parse(body, meta_len, names)
+    index = _parse(body, meta_len, names)
+    index.legacy = version != INDEX_VERSION
+    return index
+
+
+def sparse_tables(maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    members = np.array(sorted(maps), dtype=np.int64)
+    ends = np.cumsum([len(maps[m]) for m in members.tolist()], dtype=np.int64)
+    runs = np.concatenate([maps[m].ravel() for m in members.tolist()]) if len(members) else np.empty(0, np.int64)
+    return members, ends, runs.astype(np.int64)
+
+
+def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict[int, np.ndarray]:
+    """ValueError unless the tables agree with each other."""
+    if len(members) != len(ends) or (len(ends) and (int(ends[-1]) * 2 != len(runs) or (np.diff(ends) <= 0).any()
+                                                     or int(ends[0]) <= 0)):
+        raise ValueError("its sparse tables do not match")
+    table = runs.reshape(-1, 2)
+    starts = np.concatenate(([0], ends[:-1]))
+    return {m: table[a:b] for m, a, b in zip(members.tolist(), starts.tolist(), ends.tolist())}
 
 
 def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
@@ -136,6 +164,8 @@ def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
     if pos != len(body):
         raise ValueError(f"a body of {len(body)} bytes, its tables account for {pos}")
     dirs = SplitOnUse(arrays.pop("dirs").tobytes(), meta["ndirs"])
+    empty = np.empty(0, np.int64)
+    sparse = sparse_maps(*(arrays.get(name, empty) for name in SPARSE_ARRAYS))
     if (dirs.blob.count(b"\0") + 1 if len(dirs) else len(dirs.blob)) != len(dirs):
         raise ValueError(f"its directories do not match the {len(dirs)} its header says")
     index = ShardIndex(
@@ -149,6 +179,7 @@ def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
         symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
         warnings=meta["warnings"],
         error=meta["error"],
+        sparse=sparse,
         **{name: arrays[name] for name in ARRAYS},
     )
     check(index)
@@ -164,3 +195,5 @@ def check(index: ShardIndex) -> None:
         raise ValueError("its names or directories do not match its members")
     if len(index.cls_member) != len(index.cls_value) or (len(index.cls_member) and int(index.cls_member.max()) >= n):
         raise ValueError("its labels do not match its members")
+    if any(not 0 <= m < n or index.kind[m] != Kind.FILE for m in index.sparse):
+        raise ValueError("its sparse maps do not match its members")

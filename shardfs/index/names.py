@@ -13,15 +13,14 @@ class BadName(ShardfsError, ValueError):
 
 
 def normalise(raw: bytes) -> bytes:
-    """``./a//b/`` -> ``a/b``; raises BadName for names that would escape or break the tree.
+    """``./a//b/`` -> ``a/b``, ``/abs/x`` -> ``abs/x`` (GNU tar and bsdtar strip the leading
+    slashes too); raises BadName for names that would escape or break the tree.
 
     Names stay bytes end to end: a non-UTF-8 name is served as the same bytes
     (mfusepy decodes with surrogateescape), never mangled.
     """
     if b"\0" in raw:
         raise BadName("contains a NUL byte")
-    if raw.startswith(b"/"):
-        raise BadName("is absolute")
     parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
     if any(p == b".." for p in parts):
         raise BadName("climbs out of the tree (..)")

@@ -10,7 +10,6 @@ beside a remote object is checked against that object.
 from __future__ import annotations
 
 import hashlib
-import math
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardfs.index import fingerprint, labels
-from shardfs.index import names
+from shardfs.index import names, replay
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import Kind, Window
 from shardfs.storage import open_shard
@@ -27,7 +26,6 @@ from shardfs.storage.base import Shard
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".shardfs-idx"
-MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 
 
 def path_hash(path: bytes) -> int:
@@ -71,6 +69,7 @@ class ShardIndex:
     parent: np.ndarray  # uint32 index into ``dirs``
     dirs: Sequence[bytes]  # distinct parent directories ("" is the root); a list, or SplitOnUse when loaded
     symlinks: dict[int, bytes] = field(default_factory=dict)  # member -> target
+    sparse: dict[int, np.ndarray] = field(default_factory=dict)  # member -> its runs (formats/sparse.py)
     # Labels of small ``*.cls`` members (see labels.py): member index, value (labels.UNPARSABLE if not an int)
     cls_member: np.ndarray = field(default_factory=lambda: labels.no_labels()[0])  # int32
     cls_value: np.ndarray = field(default_factory=lambda: labels.no_labels()[1])  # int64
@@ -106,37 +105,8 @@ def build(shard: Shard | str) -> ShardIndex:
     shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
-    # Vet names; a later member of the same name replaces an earlier one (tar semantics).
-    kept: dict[bytes, object] = {}
-    for rec in result.members:
-        try:
-            path = names.normalise(rec.path)
-        except names.BadName as why:
-            if rec.kind == Kind.DIR and not rec.path.strip(b"./"):
-                continue  # "./": the root itself, as `tar -C dir .` writes it
-            warnings.append(f"{shown}: member {names.show(rec.path)} refused: name {why}")
-            continue
-        if rec.kind == Kind.HARDLINK:
-            try:
-                target = kept.get(names.normalise(rec.link))
-            except names.BadName:
-                target = None
-            if target is None or target.kind == Kind.DIR:
-                warnings.append(f"{shown}: hard link {names.show(path)} -> {names.show(rec.link)}: target missing")
-                continue
-            rec.kind, rec.offset, rec.size, rec.link, rec.small = (target.kind, target.offset, target.size, target.link,
-                                                                   target.small)
-        if not math.isfinite(rec.mtime) or abs(rec.mtime) > MAX_MTIME:
-            rec.mtime = 0.0  # "inf", "nan" or past year 9999: not worth refusing the member for
-        if rec.kind == Kind.SYMLINK:
-            rec.size = len(rec.link)  # what lstat reports for a link, whatever the format stored
-        if path in kept:
-            warnings.append(f"{shown}: member {names.show(path)} appears twice; the later one is served")
-            del kept[path]  # keep insertion order = position of the later member
-        rec.path = path
-        kept[path] = rec
-
-    members = list(kept.values())
+    # Names vetted, members replayed as tar -x extracts them: later ones replace earlier ones.
+    members = replay.extracted(result.members, result.cut, lambda line: warnings.append(f"{shown}: {line}"))
     offsets = np.array([rec.offset for rec in members], dtype=np.int64)
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
     cls_member, cls_value = labels.no_labels()
@@ -168,6 +138,7 @@ def build(shard: Shard | str) -> ShardIndex:
         parent=parent,
         dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
         symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
+        sparse={i: rec.sparse for i, rec in enumerate(members) if rec.sparse is not None},
         warnings=warnings,
         error=f"{shown}: {result.error}" if result.error else None,
         cls_member=cls_member,

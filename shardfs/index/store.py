@@ -37,9 +37,18 @@ def is_current(index: ShardIndex, st: os.stat_result) -> bool:
     return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns
 
 
+def _left_out_what_we_serve(index: ShardIndex) -> bool:
+    """An older scanner's index that left out sparse files, absolute names or the members after
+    damage (its warnings and error say so): this version serves them, so it is rebuilt."""
+    return bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings)
+
+
 def _try_load(path, shown: str | None = None) -> ShardIndex | None:
     try:
-        return load(path)
+        index = load(path)
+        if index.legacy and _left_out_what_we_serve(index):
+            raise OutdatedIndex("an index of an older version that left members out")
+        return index
     except FileNotFoundError:
         return None
     except OutdatedIndex as exc:

@@ -30,7 +30,7 @@ import numpy as np
 from shardfs.pack import manifest as manifests
 from shardfs.index import names
 from shardfs.errors import UsageError
-from shardfs.formats import ShardFormatError, format_for
+from shardfs.formats import ShardFormatError, format_for, sparse
 from shardfs.formats.base import Kind
 from shardfs.storage import open_shard
 from shardfs.storage.base import ShardIOError, is_url
@@ -47,6 +47,7 @@ class ShardReport:
     size: int = 0
     members: int = 0
     problems: list[str] = field(default_factory=list)
+    damaged: bool = False  # truncated or a bad header: a mount serves the members around the damage
 
 
 @dataclass
@@ -58,6 +59,7 @@ class VerifyResult:
     seconds: float
     bad_shards: int  # shards (or manifests) with at least one problem
     unchecked_tar: int  # tar shards with no manifest entry: their data was not checksummed
+    damaged_shards: int = 0  # shards whose structure is damaged (a mount serves what lies outside the damage)
 
     def line(self) -> str:
         what = (f"verified {self.shards} shard{'s' if self.shards != 1 else ''}, {self.members} members "
@@ -65,6 +67,8 @@ class VerifyResult:
         if self.problems:
             what += f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
             what += f" in {self.bad_shards} shard{'s' if self.bad_shards != 1 else ''}" if self.bad_shards else ""
+            what += f", {self.damaged_shards} damaged (a mount serves their members outside the damage)" \
+                if self.damaged_shards else ""
         else:
             what += "all good"
         if self.unchecked_tar:
@@ -110,6 +114,7 @@ def _check_members(shard, ix, report: ShardReport, decode: bool, expected: dict 
     report.problems.extend(ix.warnings)
     if ix.error:
         bad(ix.error)
+        report.damaged = True
 
     if expected is not None:
         if report.size != expected["size"]:
@@ -160,7 +165,9 @@ def _decode_members(ix, layout, fetch, bad_ranges, shown, bad) -> None:
         if any(off < end and off + size > start for start, end in bad_ranges):
             continue  # already reported with its block
         try:
-            data = layout.read(off, size, fetch)
+            runs = ix.sparse.get(i)
+            data = (sparse.read(runs, 0, size, lambda o, n: layout.read(off + o, n, fetch)) if runs is not None
+                    else layout.read(off, size, fetch))
             if len(data) != size:
                 raise ShardFormatError(f"short read ({len(data)} of {size} bytes)")
             with Image.open(io.BytesIO(data)) as image:
@@ -224,7 +231,7 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
     jobs = [(p, decode, expected.get(p)) for p in paths]
     workers = min(workers or min(8, os.cpu_count() or 1), max(len(jobs), 1))
     total = sum(os.path.getsize(p) for p in paths if not is_url(p))
-    shards = members = nbytes = 0
+    shards = members = nbytes = damaged = 0
     emit = tqdm.write if report is print else report  # tqdm.write keeps the bar intact
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
               disable=None if progress is None else not progress) as bar:
@@ -233,6 +240,7 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
             results = pool.map(_check_job, jobs) if pool else map(_check_job, jobs)
             for r in results:
                 shards, members, nbytes = shards + 1, members + r.members, nbytes + r.size
+                damaged += r.damaged
                 if r.problems:
                     bad_shards.add(r.path)
                 for line in r.problems:
@@ -243,4 +251,5 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
             if pool:
                 pool.shutdown(cancel_futures=True)
     unchecked = sum(1 for p in paths if p not in expected and p.endswith(".tar"))
-    return VerifyResult(shards, members, nbytes, problems, time.monotonic() - started, len(bad_shards), unchecked)
+    return VerifyResult(shards, members, nbytes, problems, time.monotonic() - started, len(bad_shards), unchecked,
+                        damaged)

@@ -204,6 +204,7 @@ class Daemon:
             "mountpoint": self.mountpoint,
             "shards": len(view.shards),
             "shards_broken": sum(1 for s in view.shards if s.broken),
+            "shards_damaged": view.damaged,
             "files": view.tree.nfiles,
             "directories": view.tree.ndirs,
             "bytes": view.tree.total_size,

@@ -36,6 +36,8 @@ _SCALARS = [
      ("pushed_with_open",)),
     ("shardfs_shards", "gauge", "Shards in the mounted dataset", ("shards",)),
     ("shardfs_shards_broken", "gauge", "Shards answering EIO (unreadable, changed on disk)", ("shards_broken",)),
+    ("shardfs_shards_damaged", "gauge", "Shards served up to or around damage (truncated, a bad header)",
+     ("shards_damaged",)),
     ("shardfs_files", "gauge", "Files in the mounted tree", ("files",)),
     ("shardfs_directories", "gauge", "Directories in the mounted tree", ("directories",)),
     ("shardfs_dataset_bytes", "gauge", "Total size of the files in the mounted tree", ("bytes",)),

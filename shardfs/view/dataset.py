@@ -43,6 +43,7 @@ class Dataset:
     problems: list[str]  # one line per bad shard, refused member or conflict
     seconds: float
     built: int  # indexes built in this run (0 on a remount with persisted indexes)
+    damaged: int = 0  # shards served up to or around damage (truncated, a bad header): their index has an error
 
     def layout(self, shard: Shard) -> DataLayout:
         """Where the shard's logical stream lives in its bytes (tar: as is; lz4: blocks), read
@@ -189,7 +190,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
         built += how.startswith("built")
         problems.extend(ix.warnings)
         if ix.error:
-            problems.append(ix.error + (f" (its first {len(ix)} members are served)" if len(ix) else ""))
+            problems.append(ix.error + (f" ({len(ix)} members served, the rest left out)" if len(ix) else ""))
             if not len(ix):
                 continue
         shard = old.get(path)
@@ -207,4 +208,5 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     problems.extend(notes)
     tree = Tree(shown, views, default_mtime=newest)
     problems.extend(tree.problems)
-    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built)
+    damaged = sum(1 for p in order if entries[p][0].error)
+    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built, damaged)

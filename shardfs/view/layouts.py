@@ -152,12 +152,13 @@ def _renamed(ix: ShardIndex, members: np.ndarray, paths: list[bytes], parent: np
              dirs: list[bytes]) -> ShardIndex:
     """``ix`` restricted to ``members``, renamed to ``paths`` (in ``dirs[parent]``); the data they
     point at is unchanged."""
+    sparse = {new: ix.sparse[old] for new, old in enumerate(members.tolist()) if old in ix.sparse} if ix.sparse else {}
     return ShardIndex(
         format=ix.format, shard_size=ix.shard_size, shard_mtime_ns=ix.shard_mtime_ns,
         names=b"".join(paths), name_end=np.cumsum([len(p) for p in paths], dtype=np.int64),
         kind=ix.kind[members], offset=ix.offset[members], size=ix.size[members], mode=ix.mode[members],
         mtime=ix.mtime[members], hash=np.array([path_hash(p) for p in paths], dtype=np.uint64),
-        parent=parent, dirs=dirs, warnings=ix.warnings, error=ix.error, stored_at=ix.stored_at,
+        parent=parent, dirs=dirs, warnings=ix.warnings, error=ix.error, stored_at=ix.stored_at, sparse=sparse,
     )
 
 

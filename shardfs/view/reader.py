@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from shardfs.formats import sparse
 from shardfs.storage.base import Shard
 from shardfs.view.dataset import Dataset
 
@@ -19,4 +20,8 @@ def read_member(view: Dataset, fetcher: Fetcher, m: int, offset: int, size: int)
         return b""
     shard = view.shards[col.shard[m]]
     fetch = lambda off, n: fetcher.fetch(shard, off, n)  # noqa: E731
-    return view.layout(shard).read(col.offset[m] + offset, length, fetch)
+    layout, start = view.layout(shard), col.offset[m]
+    runs = view.tree.sparse.get(m)
+    if runs is not None:  # holes and runs (the compiled loop sends every read of such a member here)
+        return sparse.read(runs, offset, length, lambda off, n: layout.read(start + off, n, fetch))
+    return layout.read(start + offset, length, fetch)

@@ -100,9 +100,11 @@ class Tree:
         hashes = cat([ix.hash for ix in indexes], np.uint64)
         parent = cat(parents, np.uint32)
         self.symlinks: dict[int, bytes] = {}
+        self.sparse: dict[int, np.ndarray] = {}  # member -> its runs (formats/sparse.py); few have one
         starts = np.cumsum([0] + counts)
         for s, ix in enumerate(indexes):
             self.symlinks.update({int(starts[s]) + i: t for i, t in ix.symlinks.items()})
+            self.sparse.update({int(starts[s]) + i: runs for i, runs in ix.sparse.items()})
 
         # Explicit directory members give their directory a mode and mtime.
         for m in np.flatnonzero(self.kind == Kind.DIR):

@@ -355,7 +355,8 @@ static const char *fast_bytes(const Table *t, uint32_t m, int64_t off, size_t le
     Slot *slot = f->slot = t->slots[shard];
     f->blocks = NULL;
     f->room = 0;
-    if (!len || !t->shard_raw[shard] || !slot)
+    /* offset -1: not one byte range of the shard (a sparse file, table.py): Python assembles it. */
+    if (!len || !t->shard_raw[shard] || !slot || t->offset[m] < 0)
         return NULL;
     const char *bytes = slot_pin(slot, t->offset[m] + off, len);
     if (bytes || !atomic_load(&slot->direct))
