@@ -45,6 +45,7 @@ class MemberRecord:
     mtime: float
     link: bytes = b""  # symlink target, or hard link target path
     small: bytes | None = None  # the data, when the scan read it anyway (tiny members: labels)
+    label: int | None = None  # a dataset file's row: its label (datafile.py)
 
 
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
@@ -61,6 +62,7 @@ class ScanResult:
     warnings: list[str]
     # Set when the scan stopped early: the members before the damage are still good.
     error: str | None = None
+    classes: list[str] | None = None  # dataset files (datafile.py): the class names the file carries
 
 
 class DataLayout(Protocol):

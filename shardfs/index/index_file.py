@@ -74,6 +74,8 @@ def save(index: ShardIndex, path: str) -> None:
         "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
         "warnings": index.warnings,
         "error": index.error,
+        "classes": index.classes,
+        "columns": index.columns,
         "arrays": [[name, a.dtype.str, len(a)] for name, a in arrays],
     }).encode()
     parts = [meta, bytes(_pad(len(meta)))]
@@ -149,6 +151,8 @@ def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
         symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
         warnings=meta["warnings"],
         error=meta["error"],
+        classes=meta.get("classes"),
+        columns=meta.get("columns", ""),
         **{name: arrays[name] for name in ARRAYS},
     )
     check(index)
