@@ -306,7 +306,9 @@ def cmd_verify(args) -> int:
     from shardfs.pack.verify import verify
 
     _configure_remote(args)
-    result = verify(args.sources, decode=args.decode, workers=args.workers)
+    from shardfs.formats.datafile import Columns
+
+    result = verify(args.sources, decode=args.decode, workers=args.workers, columns=Columns.parse(args.columns))
     print(result.line())
     return 1 if result.problems else 0
 
@@ -489,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, glob or URL")
     p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
     p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
+    columns_option(p)
     p.set_defaults(func=cmd_verify)
 
     p = add("ls", parents=[remote_options], help="list the merged tree without mounting")

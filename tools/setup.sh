@@ -20,7 +20,7 @@ PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ig
 if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
-$PIP -e ".[test,torch,remote,bench]"
+$PIP -e ".[test,torch,remote,bench,formats]"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
 # reachable there, so fstab entries (type fuse.shardfs or shardfs) work.

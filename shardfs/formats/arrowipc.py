@@ -165,6 +165,9 @@ class ArrowIpcFormat:
     suffixes = (".arrow",)
     members_as_stored = True  # an image is a byte range of the file (compressed bodies are refused)
 
+    def as_stored(self, offsets) -> bool:
+        return self.members_as_stored
+
     def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
         return IdentityLayout()
 

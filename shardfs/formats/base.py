@@ -121,6 +121,11 @@ class ShardFormat(Protocol):
     suffixes: tuple[str, ...]
     members_as_stored: bool  # each member is a byte range of the shard as stored (tar)
 
+    def as_stored(self, offsets) -> bool:
+        """Whether members at these offsets are byte ranges of the shard as stored (Parquet: when
+        none lies in a compressed page); formats of one kind answer ``members_as_stored``."""
+        ...
+
     def scan(self, src: ByteSource) -> ScanResult: ...
 
     def open_layout(self, src: ByteSource, size: int) -> DataLayout: ...

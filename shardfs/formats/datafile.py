@@ -32,10 +32,8 @@ _SPLIT_IN_NAME = re.compile(r"(?:^|[-_.])(train|validation|valid|val|test)(?=[-_
 
 
 class MissingReader(UsageError):
-    """A dataset file met without the library that reads it."""
-
-    def __init__(self, path: str, package: str):
-        super().__init__(f"{path}: reading it needs {package}: pip install 'shardfs[formats]'")
+    """A dataset file met without the library that reads it (one message argument: it crosses
+    from an index worker process as a pickle)."""
 
 
 class NoColumns(UsageError):
@@ -49,7 +47,8 @@ def need(module: str, path: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingReader(os.path.basename(path), module.split(".")[0]) from None
+        raise MissingReader(f"{os.path.basename(path)}: reading it needs {module.split('.')[0]}: "
+                            "pip install 'shardfs[formats]'") from None
 
 
 class FileObject(io.RawIOBase):

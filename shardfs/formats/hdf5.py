@@ -111,6 +111,9 @@ class Hdf5Format:
     suffixes = (".h5", ".hdf5")
     members_as_stored = True  # global heap objects are never filtered: each image is a byte range
 
+    def as_stored(self, offsets) -> bool:
+        return self.members_as_stored
+
     def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
         return IdentityLayout()
 

@@ -486,6 +486,9 @@ class Lz4ShardFormat:
         """The strict form of scan(): raises ShardFormatError on any damage."""
         return _load_members(src, _load_index(src, src.size))
 
+    def as_stored(self, offsets) -> bool:
+        return self.members_as_stored
+
     def open_layout(self, src: ByteSource, size: int) -> Lz4Layout:
         """``size`` is the shard's file size as recorded at scan time; a changed file is refused."""
         if src.size != size:

@@ -195,7 +195,7 @@ def decode_body(header: dict, raw: bytes, codec: str | None, where: str) -> byte
         raise ShardFormatError(f"{where}: cannot decode ({codec}): {exc}") from None
     if len(values) != usize - levels:
         raise ShardFormatError(f"{where}: decoded to {len(values)} bytes, expected {usize - levels}")
-    return raw[:levels] + values
+    return bytes(raw[:levels]) + values
 
 
 def _values(header: dict, body: bytes, max_def: int, where: str, dictionary: list | None):
@@ -316,9 +316,13 @@ class ParquetLayout:
 class ParquetFormat:
     name = "parquet"
     suffixes = (".parquet",)
-    # Samples in compressed pages are decoded in Python; those in uncompressed pages are read at
-    # the file's offsets through the same layout (the shard cache, disk tier and prefetch serve both).
+    # Samples in compressed pages are decoded in Python (the shard cache, disk tier and prefetch
+    # serve the pages' bytes); see as_stored for files without any.
     members_as_stored = False
+
+    def as_stored(self, offsets: np.ndarray) -> bool:
+        """A file whose images all lie in uncompressed pages is served like a tar (by the compiled loop)."""
+        return not np.any(offsets & VIRTUAL)
 
     def open_layout(self, src: ByteSource, size: int) -> ParquetLayout:
         if src.size != size:

@@ -10,7 +10,6 @@ import threading
 
 import numpy as np
 
-from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.fuse import _lowlevel
 from shardfs.index import names
@@ -167,7 +166,7 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         "mtime": np.ascontiguousarray(tree.mtime, np.float64),
         # Only where a member is a byte range of the shard as stored (tar) can the loop copy it
         # from the cached shard; other formats (lz4 blocks) go through their layout in Python.
-        "shard_raw": np.array([format_for(s.path).members_as_stored for s in view.shards], np.uint8),
+        "shard_raw": view.as_stored().astype(np.uint8),
     }
     return _lowlevel.Table(arrays, view, tuple(slots.slot(s) for s in view.shards), ndirs=ndirs,
                            nmembers=nmembers, nsorted=len(keys), symlink_kind=int(Kind.SYMLINK),

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 
@@ -167,8 +168,10 @@ _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers":
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
-    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab."""
-    for opt in text.split(","):
+    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab.
+    A comma inside a value is escaped with a backslash, as libfuse's option parser takes it
+    (``columns=image=pixels\\,label=cls``)."""
+    for opt in (part.replace("\\,", ",") for part in re.split(r"(?<!\\),", text)):
         key, sep, value = opt.partition("=")
         if not opt or key in _IGNORED_OPTIONS or key.startswith(("x-", "comment=")):
             continue

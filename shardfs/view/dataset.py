@@ -12,6 +12,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
@@ -56,6 +58,15 @@ class Dataset:
                 raise shard.mark_broken(f"cannot read its tables: {exc}") from None
             self._layouts[shard.path] = found
         return found
+
+    def as_stored(self) -> np.ndarray:
+        """Per shard, whether its members in the tree are byte ranges of it as stored (the compiled
+        loop copies those from the cached shard; the others go through their layout in Python)."""
+        tree = self.tree
+        order = np.argsort(tree.shard, kind="stable")
+        starts = np.searchsorted(tree.shard[order], np.arange(len(self.shards) + 1))
+        return np.array([format_for(s.path).as_stored(tree.offset[order[starts[i]:starts[i + 1]]])
+                         for i, s in enumerate(self.shards)], bool)
 
     def __post_init__(self) -> None:
         self._layouts: dict[str, DataLayout] = {}
