@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -274,15 +275,24 @@ def _metadata(src: ByteSource):
 
 
 class ParquetLayout:
-    """Reads offsets as the file's own, or (VIRTUAL) in a page decoded once into a bounded cache."""
+    """Reads offsets as the file's own, or (VIRTUAL) in a page decoded once into a bounded cache.
+    The footer (which column chunk a page is in, and its codec) is read at the first such read:
+    a file of uncompressed pages never pays for pyarrow in the daemon."""
 
-    def __init__(self, chunks: list[tuple[int, int, str | None, int]]):
-        chunks = sorted(chunks)
-        self._starts = np.array([c[0] for c in chunks], np.int64)
-        self._ends = np.array([c[1] for c in chunks], np.int64)
-        self._codecs = [c[2] for c in chunks]
+    def __init__(self, src: ByteSource):
+        self._src = src
+        self._chunks: tuple | None = None
+        self._lock = threading.Lock()
         self._id = next(_layout_ids)  # cache key prefix; unlike id(self), never reused
         self._cache = BLOCK_CACHE  # one bound for lz4 blocks and Parquet pages
+
+    def _chunk_table(self) -> tuple:
+        with self._lock:
+            if self._chunks is None:
+                chunks = sorted(_chunks(_metadata(self._src).metadata))
+                self._chunks = (np.array([c[0] for c in chunks], np.int64), np.array([c[1] for c in chunks], np.int64),
+                                [c[2] for c in chunks])
+            return self._chunks
 
     def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
         if not offset & VIRTUAL:
@@ -300,17 +310,18 @@ class ParquetLayout:
 
     def _page(self, page_at: int, fetch: Fetch) -> bytes:
         where = f"page at {page_at}"
-        i = int(np.searchsorted(self._starts, page_at, side="right")) - 1
-        if i < 0 or page_at >= self._ends[i]:
+        starts, ends, codecs = self._chunk_table()
+        i = int(np.searchsorted(starts, page_at, side="right")) - 1
+        if i < 0 or page_at >= ends[i]:
             raise ShardFormatError(f"{where}: in no column chunk")
-        header, body_at = read_header(fetch, page_at, int(self._ends[i]))
+        header, body_at = read_header(fetch, page_at, int(ends[i]))
         stored = header.get(3, -1)
-        if stored < 0 or body_at + stored > self._ends[i]:
+        if stored < 0 or body_at + stored > ends[i]:
             raise ShardFormatError(f"{where}: its body lies beyond its column chunk")
         raw = fetch(body_at, stored)
         if len(raw) != stored:
             raise ShardFormatError(f"{where}: short read ({len(raw)} of {stored} bytes)")
-        return decode_body(header, raw, self._codecs[i], where)
+        return decode_body(header, raw, codecs[i], where)
 
 
 class ParquetFormat:
@@ -327,7 +338,7 @@ class ParquetFormat:
     def open_layout(self, src: ByteSource, size: int) -> ParquetLayout:
         if src.size != size:
             raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
-        return ParquetLayout(_chunks(_metadata(src).metadata))
+        return ParquetLayout(src)
 
     def scan(self, src: ByteSource, columns: datafile.Columns = datafile.Columns()) -> ScanResult:
         path = getattr(src, "path", "")
