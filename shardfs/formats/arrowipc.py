@@ -18,7 +18,7 @@ import struct
 import numpy as np
 
 from shardfs.formats import datafile
-from shardfs.formats.base import ByteSource, IdentityLayout, ScanResult, ShardFormatError, Window
+from shardfs.formats.base import AsStored, ByteSource, ScanResult, ShardFormatError, Window
 from shardfs.storage.base import ShardIOError
 
 FILE_MAGIC = b"ARROW1"
@@ -160,16 +160,9 @@ def names_in(infos: list, label: str) -> list[str] | None:
     return None
 
 
-class ArrowIpcFormat:
+class ArrowIpcFormat(AsStored):
     name = "arrow"
     suffixes = (".arrow",)
-    members_as_stored = True  # an image is a byte range of the file (compressed bodies are refused)
-
-    def as_stored(self, offsets) -> bool:
-        return self.members_as_stored
-
-    def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
-        return IdentityLayout()
 
     def scan(self, src: ByteSource, columns: datafile.Columns = datafile.Columns()) -> ScanResult:
         path = getattr(src, "path", "")

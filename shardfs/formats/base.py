@@ -78,6 +78,19 @@ class IdentityLayout:
         return fetch(offset, length)
 
 
+class AsStored:
+    """What a format whose members are byte ranges of the shard as stored has (tar, Arrow IPC,
+    HDF5): the identity layout, and every member served by the compiled loop."""
+
+    members_as_stored = True
+
+    def as_stored(self, offsets) -> bool:
+        return True
+
+    def open_layout(self, src: "ByteSource", size: int) -> IdentityLayout:
+        return IdentityLayout()
+
+
 class ByteSource(Protocol):
     """What a format reads a shard through: shardfs.storage.base.Shard (local or remote)."""
 

@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from shardfs.formats import datafile
-from shardfs.formats.base import ByteSource, IdentityLayout, ScanResult, ShardFormatError, Window
+from shardfs.formats.base import AsStored, ByteSource, ScanResult, ShardFormatError, Window
 from shardfs.storage.base import ShardIOError
 
 _HEAP_ID = np.dtype([("length", "<u4"), ("collection", "<u8"), ("index", "<u4")])  # 8-byte offsets
@@ -106,16 +106,9 @@ def _columns(h5py, group) -> tuple[list[str], list[str], list[str]]:
     return binary, integer, every
 
 
-class Hdf5Format:
+class Hdf5Format(AsStored):
     name = "hdf5"
     suffixes = (".h5", ".hdf5")
-    members_as_stored = True  # global heap objects are never filtered: each image is a byte range
-
-    def as_stored(self, offsets) -> bool:
-        return self.members_as_stored
-
-    def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
-        return IdentityLayout()
 
     def scan(self, src: ByteSource, columns: datafile.Columns = datafile.Columns()) -> ScanResult:
         path = getattr(src, "path", "")

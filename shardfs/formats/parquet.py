@@ -10,8 +10,8 @@ a dictionary page of PLAIN values.
   as stored: a sample is a byte range of the file, its offset the file's.
 * A compressed page (snappy, zstd, gzip, ...) is decoded whole when one of its samples is read,
   and kept in a bounded cache like lz4 shard blocks. The page is the unit: it is the smallest
-  thing Parquet compresses (a row group is many pages: decoding it for one sample would read
-  ~100x the bytes), and a damaged page fails alone: EIO for its samples, with a log line.
+  thing Parquet compresses (a row group is many pages: decoding it for one sample would decode
+  them all), and a damaged page fails alone: EIO for its samples, with a log line.
   Such a sample's offset is a *virtual offset* (as BGZF's): a flag, the page header's file offset
   and the value's offset in the decoded page, so reading it needs no table but the page header.
 """

@@ -13,7 +13,7 @@ volume) is left out with a warning naming it: never served as wrong bytes.
 
 from __future__ import annotations
 
-from shardfs.formats.base import (SMALL_DATA, ByteSource, IdentityLayout, Kind, MemberRecord, ScanResult,
+from shardfs.formats.base import (SMALL_DATA, AsStored, ByteSource, Kind, MemberRecord, ScanResult,
                                   ShardFormatError, Window)
 
 BLOCK = 512
@@ -105,16 +105,9 @@ def _skip_sparse_extensions(win: Window, data_at: int, size: int) -> int:
             return data_at
 
 
-class TarFormat:
+class TarFormat(AsStored):
     name = "tar"
     suffixes = (".tar",)
-    members_as_stored = True  # a member is a byte range of the shard (its layout is the identity)
-
-    def as_stored(self, offsets) -> bool:
-        return self.members_as_stored
-
-    def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
-        return IdentityLayout()
 
     def scan(self, src: ByteSource) -> ScanResult:
         result = ScanResult(members=[], warnings=[])
