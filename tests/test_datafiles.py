@@ -222,6 +222,14 @@ def test_ls_index_verify_on_dataset_files(samples, tmp_path):
     assert "train:\n0\n1\n" in listing and "val/3:\n" in listing
     done = shardfs_cmd("verify", str(tmp_path), "--decode")
     assert done.returncode == 0 and "all good" in done.stdout, done.stdout + done.stderr
+    # Files that carry no class names take them from --class-names, label i = line i
+    names = tmp_path / "classes.txt"
+    names.write_text("".join(f"class{c}\n" for c in range(len(samples.classes))))
+    listing = shardfs_cmd("ls", str(tmp_path), "--layout", "imagefolder", "--class-names", str(names), check=True)
+    assert listing.stdout.split() == ["train", "val"]
+    listing = shardfs_cmd("ls", str(tmp_path), "--path", "val", "--layout", "imagefolder", "--class-names",
+                          str(names), check=True)
+    assert listing.stdout.split() == [f"class{c}" for c in range(len(samples.classes))]
 
 
 # --------------------------------------------------------------------------- damage and refusals
