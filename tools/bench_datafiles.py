@@ -14,7 +14,8 @@ Per format and round:
                   files (dd iflag=direct of them all: bytes/s / bytes per image = files/s)
   warm open()     the same pass again on that mount
   decode          torchvision ImageFolder + DataLoader (--workers, the transform below) on the
-                  mount, after the warm pass
+                  mount, after the warm pass (all four mounts up, decode passes interleaved with
+                  the own Dataset's, in an order rotated by round)
   own Dataset     the format's own Dataset class on the same files, same transform and DataLoader:
                   `datasets.load_dataset("parquet")` (its Arrow cache made beforehand, not timed),
                   the course's Arrow and HDF5 classes (shared/seeds); for tar, ImageFolder on the
@@ -183,11 +184,15 @@ def transform():
                                transforms.ToTensor()])
 
 
-def decode_rate(ds, workers: int, batch: int) -> float:
-    """Images/s of one shuffled pass of a DataLoader over ``ds``."""
+def decode_rate(ds, workers: int, batch: int, images: int, seed: int) -> float:
+    """Images/s of a DataLoader over ``images`` random samples of ``ds`` (the same for every format:
+    each writes the JPEGs in the same order)."""
+    import random
+
     import torch
 
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers)
+    picked = random.Random(seed).sample(range(len(ds)), min(images, len(ds)))
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, picked), batch_size=batch, num_workers=workers)
     n, t0 = 0, time.perf_counter()
     for item in loader:
         n += len(item["label"] if isinstance(item, dict) else item[1])
@@ -218,7 +223,8 @@ def timed_mount(ctx, fmt: str, name: str):
     return m, time.perf_counter() - t0
 
 
-def one_format(ctx, fmt: str, r: int) -> dict:
+def one_format(ctx, fmt: str, r: int):
+    """Mounts, index, listing, cold and warm reads of one format; (figures, its mount, still up)."""
     a, out = ctx.args, {}
     files = data_files(ctx.shared, fmt)
     for idx in glob.glob(os.path.join(ctx.shared, fmt, "*.shardfs-idx")):
@@ -242,21 +248,46 @@ def one_format(ctx, fmt: str, r: int) -> dict:
             if got["errors"] or got["files"] != len(paths):
                 raise RuntimeError(f"{fmt} {name}: {got['errors']} errors ({got['first_error']})")
             out[f"{name}_fps"] = got["files_per_s"]
-        from torchvision.datasets import ImageFolder
-
-        out["decode_ips"] = decode_rate(ImageFolder(root, transform=transform()), a.workers, a.batch)
-    finally:
+    except BaseException:
         ctx.mounts.unmount(m)
-    for path in files:  # the anchor reads from the page cache, as the mount's decode read from its RAM
-        with open(path, "rb") as f:
-            while f.read(8 << 20):
-                pass
-    out["own_ips"] = decode_rate(own_dataset(ctx, fmt), a.workers, a.batch)
+        raise
     print(f"  {fmt}: mount {out['mount_built_s']:.1f}/{out['mount_loaded_s']:.2f} s, "
           f"{out['index_bytes_per_member']:.0f} B/member, listing {out['listing_s']:.2f} s, cold "
-          f"{out['cold_fps']:.0f} (bound {out['seq']['fps']:.0f}), warm {out['warm_fps']:.0f} files/s, decode "
-          f"{out['decode_ips']:.0f} img/s (own {out['own_ips']:.0f})", flush=True)
-    return out
+          f"{out['cold_fps']:.0f} (bound {out['seq']['fps']:.0f}), warm {out['warm_fps']:.0f} files/s", flush=True)
+    return out, m
+
+
+def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
+    """Decode through each mount and through each format's own Dataset, interleaved and in an order
+    rotated by round, so that the machine's load falls alike on the figures compared."""
+    from torchvision.datasets import ImageFolder
+
+    a = ctx.args
+    for fmt in FORMATS:  # the anchors read from the page cache, as the mounts' decode from their RAM
+        for path in data_files(ctx.shared, fmt):
+            with open(path, "rb") as f:
+                while f.read(8 << 20):
+                    pass
+    order = FORMATS[r % len(FORMATS):] + FORMATS[:r % len(FORMATS)]
+    for fmt in order:
+        root = os.path.join(mounts[fmt].mnt, "train")
+        figures[fmt]["decode_ips"] = decode_rate(ImageFolder(root, transform=transform()), a.workers, a.batch,
+                                                 a.decode_images, r)
+        figures[fmt]["own_ips"] = decode_rate(own_dataset(ctx, fmt), a.workers, a.batch, a.decode_images, r)
+        print(f"  {fmt}: decode {figures[fmt]['decode_ips']:.0f} img/s through the mount, "
+              f"{figures[fmt]['own_ips']:.0f} with its own Dataset", flush=True)
+
+
+def one_round(ctx, r: int) -> dict:
+    figures, mounts = {}, {}
+    try:
+        for fmt in FORMATS:
+            figures[fmt], mounts[fmt] = one_format(ctx, fmt, r)
+        decode_passes(ctx, r, figures, mounts)
+    finally:
+        for m in mounts.values():
+            ctx.mounts.unmount(m)
+    return figures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,13 +348,14 @@ def main() -> int:
     parser.add_argument("--workdir", default="/var/tmp/shardfs-bench-datafiles")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--per-class", type=int, default=200)
-    parser.add_argument("--side", type=int, default=320, help="JPEG side (320: ~110 KB, ImageNet's mean)")
+    parser.add_argument("--side", type=int, default=416, help="JPEG side (416: ~110 KB, ImageNet's mean)")
     parser.add_argument("--parquet-files", type=int, default=4, help="train-0000K-of-0000N.parquet files")
     parser.add_argument("--iops", type=int, default=200, help="read IOPS cap of the shared storage")
     parser.add_argument("--bps", type=int, default=150_000_000, help="read bytes/s cap")
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--decode-images", type=int, default=500, help="images per decode pass (a random sample)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -343,7 +375,7 @@ def main() -> int:
     print(f"command: python3 {' '.join(sys.argv)}")
     print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
     print(f"shardfs code: commit {tier.run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
-    ctx.jpegs = os.path.join(ctx.work, "jpegs")
+    ctx.jpegs = os.path.join(ctx.work, f"jpegs-{args.side}")
     want = args.classes * args.per_class
     if not os.path.isdir(ctx.jpegs) or len(samples(ctx.jpegs)[1]) != want:
         shutil.rmtree(ctx.jpegs, ignore_errors=True)
@@ -375,7 +407,7 @@ def main() -> int:
         try:
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
-                rounds.append({fmt: one_format(ctx, fmt, r) for fmt in FORMATS})
+                rounds.append(one_round(ctx, r))
         except KeyboardInterrupt:
             print("interrupted: reporting the rounds measured", file=sys.stderr)
         if rounds:

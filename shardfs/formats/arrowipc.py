@@ -72,6 +72,8 @@ def _buffer_count(t) -> int:
         return 1 + _buffer_count(t.value_type)
     if pa.types.is_null(t):
         return 0
+    if pa.types.is_dictionary(t):  # validity and indices; the values come in dictionary batches
+        return 2
     if (pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t)
             or pa.types.is_large_string(t)):
         return 3
@@ -93,7 +95,8 @@ def _node_count(t) -> int:
 
 
 def _leaves(schema) -> dict[str, tuple]:
-    """Every column and struct child: dotted name -> (type, first node index, first buffer index)."""
+    """Every column and struct child: dotted name -> (type, first node index, first buffer index);
+    up to the first column of a type not read here (where the next ones' buffers are is unknown)."""
     out: dict[str, tuple] = {}
     node = buf = 0
 
@@ -110,7 +113,11 @@ def _leaves(schema) -> dict[str, tuple]:
             node, buf = node + _node_count(t), buf + _buffer_count(t)
 
     for field in schema:
-        walk(field.name, field.type)
+        try:
+            walk(field.name, field.type)
+        except ShardFormatError:
+            out.pop(field.name, None)
+            break
     return out
 
 
@@ -167,7 +174,7 @@ class ArrowIpcFormat(AsStored):
     def scan(self, src: ByteSource, columns: datafile.Columns = datafile.Columns()) -> ScanResult:
         path = getattr(src, "path", "")
         pa = datafile.need("pyarrow", path)
-        win = Window(src)
+        win = Window(src, datafile.SCAN_WINDOW)
         rows: list[datafile.Row] = []
         state = {"rows": rows, "number": 0, "cols": None, "warnings": [], "nulls": 0}
         error = None
@@ -202,12 +209,10 @@ class ArrowIpcFormat(AsStored):
             if not 0 < length <= MAX_METADATA or meta_at + length > size:
                 raise ShardFormatError(f"bad or truncated message at offset {pos}")
             meta = win.get(meta_at, length)
-            try:
+            with datafile.checked(f"message at offset {pos}"):
                 message = _Table(meta, struct.unpack_from("<I", meta, 0)[0])
                 kind = message.scalar(1, "<B")
                 body_length = message.scalar(3, "<q")
-            except struct.error:
-                raise ShardFormatError(f"bad message metadata at offset {pos}") from None
             body = meta_at + length
             if body_length < 0 or body + body_length > size:
                 raise ShardFormatError(f"truncated: the message at offset {pos} needs {body + body_length} bytes,"
@@ -215,15 +220,18 @@ class ArrowIpcFormat(AsStored):
             if kind == _SCHEMA:
                 if state["cols"] is not None:
                     raise ShardFormatError(f"a second schema at offset {pos}")
+                raw = win.get(pos, body - pos)
                 try:
-                    schema = pa.ipc.read_schema(pa.py_buffer(win.get(pos, body - pos)))
-                except (pa.ArrowException, ValueError) as exc:
+                    schema = pa.ipc.read_schema(pa.py_buffer(raw))
+                except (pa.ArrowException, ValueError, OSError) as exc:  # pyarrow's errors are OSErrors too
                     raise ShardFormatError(f"cannot read its schema: {exc}") from None
-                state["cols"] = _Columns(path, schema, columns)
+                with datafile.checked(f"schema at offset {pos}"):  # names that are not UTF-8, ...
+                    state["cols"] = _Columns(path, schema, columns)
             elif kind == _RECORD_BATCH:
                 if state["cols"] is None:
                     raise ShardFormatError(f"a record batch before the schema at offset {pos}")
-                self._batch(win, message.table(2), body, body_length, pos, state)
+                with datafile.checked(f"record batch at offset {pos}"):
+                    self._batch(win, message.table(2), body, body_length, pos, state)
             pos = body + body_length
 
     def _batch(self, win: Window, batch: _Table | None, body: int, body_length: int, pos: int, state) -> None:
@@ -232,6 +240,8 @@ class ArrowIpcFormat(AsStored):
         if batch.table(3) is not None:
             raise ShardFormatError(f"compressed record batch at offset {pos}: its images are not served")
         n = batch.scalar(0, "<q")
+        if n < 0 or 4 * n > body_length:  # the image column's offsets alone take 4 bytes a row
+            raise ShardFormatError(f"record batch at offset {pos}: {n} rows cannot fit its body")
         nodes, buffers = batch.structs(1, _PAIR), batch.structs(2, _PAIR)
         cols = state["cols"]
 

@@ -106,15 +106,15 @@ class Window:
     """Reads a shard forward in windows (64 KiB from a local file, 8 MiB from a remote object)
     so that consecutive small reads (tar headers, labels) cost one syscall or one request."""
 
-    def __init__(self, src: ByteSource):
-        self.src = src
+    def __init__(self, src: ByteSource, size: int = 0):
+        self.src, self.size = src, max(size, src.window)  # ``size``: a format's own, when larger
         self.start, self.buf = 0, b""
 
     def get(self, pos: int, n: int) -> bytes:
         off = pos - self.start
         if off < 0 or off + n > len(self.buf):
             try:
-                self.start, self.buf = pos, self.src.pread(pos, max(n, self.src.window))
+                self.start, self.buf = pos, self.src.pread(pos, max(n, self.size))
             except ShardIOError as exc:
                 if exc.unavailable:
                     raise  # not damage: the scan stops and records nothing

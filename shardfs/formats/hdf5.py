@@ -117,9 +117,9 @@ class Hdf5Format(AsStored):
             f = h5py.File(datafile.FileObject(src), "r")
         except ShardIOError:
             raise
-        except (OSError, ValueError) as exc:
+        except (OSError, *datafile.MALFORMED) as exc:
             raise ShardFormatError(f"not a readable HDF5 file: {exc}") from None
-        with f:
+        with f, datafile.checked("its groups"):  # h5py's errors for damaged metadata: RuntimeError, KeyError, ...
             return self._scan(h5py, f, Window(src), src, path, columns)
 
     def _scan(self, h5py, f, win: Window, src: ByteSource, path: str, columns) -> ScanResult:
@@ -153,10 +153,9 @@ class Hdf5Format(AsStored):
                     rows.append(datafile.Row(at, size, int(labels[k]), k, split,
                                              head=win.get(at, min(size, datafile.HEAD))))
                 total = max(total, len(ids))
-            except (OSError, ValueError) as exc:  # h5py's errors for damaged metadata
-                error = f"{group.name}: {exc}"
-                break
-            except ShardFormatError as exc:
+            except ShardIOError:
+                raise
+            except (ShardFormatError, OSError, *datafile.MALFORMED) as exc:  # OSError: h5py's for damaged data
                 error = f"{group.name}: {exc}"
                 break
         if not tables:

@@ -33,7 +33,7 @@ from shardfs.storage.base import ShardIOError
 
 VIRTUAL = 1 << 62  # set in an offset that points into a decoded page
 _WITHIN_BITS = 26  # a value's offset in its decoded page: pages up to 64 MiB
-_PAGE_BITS = 36  # the page header's offset in the file: files up to 64 GiB
+_PAGE_BITS = 36  # the page header's offset in the file: compressed pages in the first 64 GiB
 MAX_HEADER = 1 << 20
 _DATA, _DICTIONARY, _DATA_V2 = 0, 2, 3
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
@@ -250,7 +250,7 @@ def _chunks(metadata) -> list[tuple[int, int, str | None, int]]:
         for j in range(group.num_columns):
             c = group.column(j)
             start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
-            out.append((start, start + c.total_compressed_size, _codec(c.compression), j))
+            out.append((start, start + c.total_compressed_size, c.compression, j))
     return out
 
 
@@ -321,7 +321,8 @@ class ParquetLayout:
         raw = fetch(body_at, stored)
         if len(raw) != stored:
             raise ShardFormatError(f"{where}: short read ({len(raw)} of {stored} bytes)")
-        return decode_body(header, raw, codecs[i], where)
+        with datafile.checked(where):
+            return decode_body(header, raw, _codec(codecs[i]), where)
 
 
 class ParquetFormat:
@@ -359,7 +360,7 @@ class ParquetFormat:
             raise ShardFormatError(f"cannot read its labels: {exc}") from None
         if names is not None and names and isinstance(names[0], dict):  # the struct, with its one child
             names = [n and next(iter(n.values())) for n in names]
-        win = Window(src)
+        win = Window(src, datafile.SCAN_WINDOW)
         rows: list[datafile.Row] = []
         warnings: list[str] = []
         error, number, nulls = None, 0, 0
@@ -371,7 +372,7 @@ class ParquetFormat:
             except ShardFormatError as exc:
                 error = f"row group {g}: {exc}"
                 break
-            if len(values) != md.row_group(g).num_rows:
+            if len(values) != md.row_group(g).num_rows or number + len(values) > len(labels):
                 error = f"row group {g}: {len(values)} values for {md.row_group(g).num_rows} rows"
                 break
             for value in values:
@@ -398,6 +399,8 @@ class ParquetFormat:
         codec = _codec(chunk.compression)
         pos = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
         end = pos + chunk.total_compressed_size
+        if pos < 0 or end < pos:
+            raise ShardFormatError(f"its column chunk at {pos} has a bad offset or size")
         if end > size:
             raise ShardFormatError(f"its column chunk ends at {end}, beyond the file ({size} bytes): truncated")
         out: list = []
@@ -409,14 +412,16 @@ class ParquetFormat:
                 raise ShardFormatError(f"page at {pos}: its sizes do not fit its column chunk")
             where = f"page at {pos}"
             kind = header.get(1)
-            count = (header.get(5) or header.get(8) or {}).get(1, 0)
-            compressed = codec is not None and not (kind == _DATA_V2 and not header[8].get(7, True))
+            info = header.get(5) or header.get(8)
+            count = info.get(1, 0) if isinstance(info, dict) else 0
             try:
-                if compressed and usize >= 1 << _WITHIN_BITS:
-                    raise ShardFormatError(f"{where}: decoded page larger than {1 << _WITHIN_BITS} bytes")
-                raw = win.get(body_at, stored)
-                body = decode_body(header, raw, codec, where) if compressed else raw
-                found = _values(header, body, max_def, where, dictionary)
+                with datafile.checked(where):
+                    compressed = codec is not None and not (kind == _DATA_V2 and not header[8].get(7, True))
+                    if compressed and (usize >= 1 << _WITHIN_BITS or pos >= 1 << _PAGE_BITS):
+                        raise ShardFormatError(f"{where}: a compressed page past 64 GiB or of over 64 MiB")
+                    raw = win.get(body_at, stored)
+                    body = decode_body(header, raw, codec, where) if compressed else raw
+                    found = _values(header, body, max_def, where, dictionary)
             except ShardFormatError as exc:
                 if kind == _DICTIONARY:
                     raise
