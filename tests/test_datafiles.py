@@ -190,6 +190,29 @@ def test_dictionary_pages_and_data_page_v2(samples, tmp_path):
         assert [m.label for m in result.members] == [label for label, _, _ in samples.rows]
 
 
+def test_parquet_pages_and_lz4_blocks_share_one_bounded_cache_under_keys_of_their_own(samples, tmp_path):
+    """Decoded Parquet pages and lz4 blocks are kept in one cache: a layout of either kind never
+    reads the other's entries (keyed by (owner, page offset or block number))."""
+    from shardfs.formats import format_for
+    from shardfs.formats.lz4shard import Lz4ShardWriter
+    from shardfs.storage import open_shard
+
+    path = str(tmp_path / "train.parquet")
+    write_codec(samples, path, "snappy")
+    with Lz4ShardWriter(str(tmp_path / "a.lz4shard"), block_size=1024) as w:
+        for i, (_, name, data) in enumerate(samples.rows[:8]):
+            w.add_file(name, data, mode=0o644, mtime=1.7e9)
+    parquet, lz4 = open_shard(path), open_shard(str(tmp_path / "a.lz4shard"))
+    pq_members, lz_members = format_for(path).scan(parquet).members, format_for(lz4.path).scan(lz4).members
+    for _ in range(3):  # fresh layouts of both kinds, reading alternately
+        pq_layout, lz_layout = format_for(path).open_layout(parquet, parquet.size), \
+            format_for(lz4.path).open_layout(lz4, lz4.size)
+        for m, row in zip(pq_members, samples.rows):
+            assert pq_layout.read(m.offset, m.size, parquet.pread) == row[2]
+        for m, row in zip(lz_members, samples.rows):
+            assert lz_layout.read(m.offset, m.size, lz4.pread) == row[2]
+
+
 def test_beside_tar_shards_in_one_tree_with_index_reused(samples, sample_tree, tar_shards, mount, tmp_path):
     """Tar shards (train) and the hub's Parquet (validation) in one SRC: one tree; a remount loads
     every index; the uncompressed Parquet is served as stored (the compiled loop's path)."""

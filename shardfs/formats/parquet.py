@@ -18,7 +18,6 @@ a dictionary page of PLAIN values.
 
 from __future__ import annotations
 
-import itertools
 import struct
 import threading
 import zlib
@@ -38,7 +37,6 @@ MAX_HEADER = 1 << 20
 _DATA, _DICTIONARY, _DATA_V2 = 0, 2, 3
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
-_layout_ids = itertools.count()
 
 
 def virtual(page_at: int, within: int) -> int:
@@ -283,8 +281,8 @@ class ParquetLayout:
         self._src = src
         self._chunks: tuple | None = None
         self._lock = threading.Lock()
-        self._id = next(_layout_ids)  # cache key prefix; unlike id(self), never reused
         self._cache = BLOCK_CACHE  # one bound for lz4 blocks and Parquet pages
+        self._id = self._cache.owner()
 
     def _chunk_table(self) -> tuple:
         with self._lock:
