@@ -29,8 +29,8 @@ _MAGIC = (  # (prefix, offset, extension): what the bytes say they are
 )
 HEAD = 12  # bytes of an image enough to tell its type
 # A scan that walks a file whose metadata lies between the images (Arrow batches, Parquet values)
-# reads it in windows this large: a few whole images more per read, and one read, not two, per
-# image (measured with bench_datafiles on storage capped at 200 IOPS: first mount 14.6 s -> see README).
+# reads it in windows this large: more bytes than the metadata, but a read per several images
+# rather than two per image, where reads (IOPS), not bytes, are what shared storage runs out of.
 SCAN_WINDOW = 1 << 20
 _SPLITS = ("train", "validation", "valid", "val", "test")
 # A split's name as a word of the file name: `train-00000-of-00294.parquet`, the course's `ImageNet-val.arrow`.

@@ -361,7 +361,7 @@ class ParquetFormat:
         win = Window(src, datafile.SCAN_WINDOW)
         rows: list[datafile.Row] = []
         warnings: list[str] = []
-        error, number, nulls = None, 0, 0
+        error, number, left_out = None, 0, 0
         md = pf.metadata
         for g in range(md.num_row_groups):
             chunk = md.row_group(g).column(leaf)
@@ -376,15 +376,15 @@ class ParquetFormat:
             for value in values:
                 label_value = labels[number]
                 if value is None or label_value is None or label_value != label_value:  # NaN: a null label
-                    nulls += value is not None or label_value is None
+                    left_out += 1
                     number += 1
                     continue
                 at, size, head = value
                 rows.append(datafile.Row(at, size, int(label_value), number,
                                          stored_name=names[number] if names else None, head=head))
                 number += 1
-        if nulls:
-            warnings.append(f"{nulls} rows without an image or a label left out")
+        if left_out:
+            warnings.append(f"{left_out} rows without an image or a label (or in a damaged page) left out")
         split = datafile.split_of(path)
         for row in rows:
             row.split = split
