@@ -48,6 +48,7 @@ from benchlib.caches import drop_caches
 from benchlib.cli import REPO, shardfs
 from benchlib.mounts import Mounts
 from benchlib.readers import read_all, timed_listing
+from benchlib.rounds import until_interrupted
 from benchlib.sample import make_imagefolder
 from benchlib.tables import cell
 
@@ -403,13 +404,7 @@ def main() -> int:
         stack.callback(lambda: ctx.cap and ctx.cap.close())
         ctx.mounts = stack.enter_context(Mounts())
         ctx.cap = tier.ReadCap(ctx.dev, args.iops, args.bps)
-        rounds = []
-        try:
-            for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
-                rounds.append(one_round(ctx, r))
-        except KeyboardInterrupt:
-            print("interrupted: reporting the rounds measured", file=sys.stderr)
+        rounds = until_interrupted(args.rounds, lambda r: one_round(ctx, r))
         if rounds:
             report(rounds)
     return 0 if rounds else 1
