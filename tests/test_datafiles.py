@@ -253,6 +253,18 @@ def test_ls_index_verify_on_dataset_files(samples, tmp_path):
     listing = shardfs_cmd("ls", str(tmp_path), "--path", "val", "--layout", "imagefolder", "--class-names",
                           str(names), check=True)
     assert listing.stdout.split() == [f"class{c}" for c in range(len(samples.classes))]
+    # Class names out of sorted order: ImageFolder would number those folders otherwise; counted
+    datasets = pytest.importorskip("datasets")
+    names = list(reversed(samples.classes))
+    rows = samples.rows[:12] + samples.rows[-12:]  # the first and last class: labels 0 and 5
+    datasets.Dataset.from_dict({"image": [{"bytes": d, "path": n} for _, n, d in rows],
+                                "label": [label for label, _, _ in rows]},
+                               features=datasets.Features({"image": datasets.Image(),
+                                                           "label": datasets.ClassLabel(names=names)})
+                               ).to_parquet(str(tmp_path / "test-00000-of-00001.parquet"))
+    listing = shardfs_cmd("ls", str(tmp_path), "--path", "test", check=True)
+    assert listing.stdout.split() == [names[5], names[0]]
+    assert "dataset files: 24 of " in listing.stderr and "ImageFolder class index other than" in listing.stderr
 
 
 # --------------------------------------------------------------------------- damage and refusals
