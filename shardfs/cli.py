@@ -66,7 +66,7 @@ def _apply_command_line(cfg, args):
     from shardfs.service.config import apply_options, check
 
     for key in ("cache_size", "prefetch", "loaders", "index_dir", "workers", "log_file", "log_level", "layout",
-                "class_names", "metrics_dir", "metrics_interval", "disk_cache", "disk_cache_size"):
+                "class_names", "columns", "metrics_dir", "metrics_interval", "disk_cache", "disk_cache_size"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
@@ -170,7 +170,7 @@ def cmd_run(args) -> int:
                "disk_cache_size": cfg.disk_cache_size, "prefetch": cfg.prefetch, "loaders": cfg.loaders,
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
                "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount, "layout": cfg.layout,
-               "class_names": cfg.class_names and os.path.abspath(cfg.class_names),
+               "class_names": cfg.class_names and os.path.abspath(cfg.class_names), "columns": cfg.columns,
                "storage_options": cfg.storage_options, "peers": cfg.peers, "peer_self": cfg.peer_self}
     try:
         return run(sources, mountpoint, args.command, options)
@@ -233,6 +233,7 @@ def cmd_umount(args) -> int:
 def cmd_index(args) -> int:
     from tqdm import tqdm
 
+    from shardfs.formats.datafile import Columns
     from shardfs.view.dataset import index_shards
     from shardfs.view.sources import find_shards
 
@@ -240,7 +241,8 @@ def cmd_index(args) -> int:
     paths = find_shards(args.sources)
     bad = members = built = 0
     with tqdm(total=len(paths), unit="shard", disable=None, file=sys.stderr) as bar:
-        for path, ix, how in index_shards(paths, args.index_dir, args.workers or os.cpu_count() or 1, args.rebuild):
+        for path, ix, how in index_shards(paths, args.index_dir, args.workers or os.cpu_count() or 1, args.rebuild,
+                                          columns=Columns.parse(args.columns)):
             bar.update(1)
             if ix is None:
                 bad += 1
@@ -315,7 +317,9 @@ def cmd_verify(args) -> int:
     from shardfs.pack.verify import verify
 
     _configure_remote(args)
-    result = verify(args.sources, decode=args.decode, workers=args.workers)
+    from shardfs.formats.datafile import Columns
+
+    result = verify(args.sources, decode=args.decode, workers=args.workers, columns=Columns.parse(args.columns))
     print(result.line())
     return 1 if result.problems else 0
 
@@ -338,7 +342,8 @@ def cmd_ls(args) -> int:
     if path is None and len(sources) > 1 and not _names_something(sources[-1]):
         sources, path = sources[:-1], sources[-1]  # the older form `shardfs ls SRC PATH`
     layout = from_options(args.layout or "plain", args.class_names)
-    ds = open_dataset(sources, index_dir=args.index_dir, layout=layout)
+    from shardfs.formats.datafile import Columns
+    ds = open_dataset(sources, index_dir=args.index_dir, layout=layout, columns=Columns.parse(args.columns))
     for line in ds.problems:
         print(f"shardfs: warning: {line}", file=sys.stderr)
     try:
@@ -356,6 +361,13 @@ def layout_options(group) -> None:
     group.add_argument("--class-names", metavar="FILE",
                        help="imagefolder: class folder names, one per line (label i = line i); "
                             "default: the labels, zero-padded")
+    columns_option(group)
+
+
+def columns_option(group) -> None:
+    group.add_argument("--columns", metavar="image=COL,label=COL",
+                       help="Parquet, Arrow and HDF5 files: the columns holding the image bytes and the label "
+                            "(default: found by convention: image/label, image_data/label, images/targets)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -449,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-dir")
     p.add_argument("--workers", type=int)
     p.add_argument("--rebuild", action="store_true", help="rebuild even if current")
+    columns_option(p)
     p.set_defaults(func=cmd_index)
 
     p = add("stats", help="figures of a live mount")
@@ -496,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, glob or URL")
     p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
     p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
+    columns_option(p)
     p.set_defaults(func=cmd_verify)
 
     p = add("ls", parents=[remote_options], help="list the merged tree without mounting")

@@ -41,6 +41,7 @@ BASE = {"sources": ["/d"], "mountpoint": "/m"}
     ({"index_dir": 7}, "index_dir: expected a path"),
     ({"disk_cache": 1}, "disk_cache: expected a directory on node-local disk"),
     ({"disk_cache_size": "huge"}, "disk_cache_size: cannot read size 'huge'"),
+    ({"columns": "pixels"}, "columns: --columns 'pixels': expected image=COL,label=COL"),
 ])
 def test_each_wrong_key_or_type_names_key_and_file(change, message):
     with pytest.raises(UsageError) as exc:
@@ -62,6 +63,20 @@ def test_disk_tier_keys_from_every_front_door():
     assert args[args.index("--disk-cache") + 1] == "/local/t" and "80%" in args
     cmd = mount_command(["/d"], "/m", {"disk_cache": "/local/t", "disk_cache_size": "800G"})
     assert cmd[-4:] == ["--disk-cache", "/local/t", "--disk-cache-size", "800G"]
+
+
+def test_columns_from_every_front_door():
+    """Dataset files' --columns: TOML, -o (a comma in the value escaped, as libfuse takes it), the
+    daemon's command line."""
+    from shardfs.formats.datafile import Columns
+    from shardfs.service.config import MountConfig, apply_options, to_args
+
+    cfg = parse_config({**BASE, "columns": "image=pixels,label=cls"}, "f.toml")
+    fstab = MountConfig(sources=["/d"], mountpoint="/m")
+    apply_options(fstab, "ro,columns=image=pixels\\,label=cls,cache_size=1G")
+    assert cfg.columns == fstab.columns == "image=pixels,label=cls" and fstab.cache_size == "1G"
+    args = to_args(fstab)
+    assert Columns.parse(args[args.index("--columns") + 1]) == Columns("pixels", "cls")
 
 
 def test_missing_keys_and_bad_files(tmp_path):

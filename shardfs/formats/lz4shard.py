@@ -384,6 +384,12 @@ class BlockCache:
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._bytes = 0
+        self._owners = itertools.count()
+
+    def owner(self) -> int:
+        """A key prefix of its own for each layout that caches here (lz4 blocks, Parquet pages):
+        unlike id(layout), never reused."""
+        return next(self._owners)
 
     def get(self, key: tuple[int, int]) -> bytes | None:
         with self._lock:
@@ -408,7 +414,6 @@ class BlockCache:
 
 # One cache for all open shards, so memory stays bounded however many are mounted.
 BLOCK_CACHE = BlockCache(32 << 20)
-_layout_ids = itertools.count()
 
 
 class Lz4Layout:
@@ -419,7 +424,7 @@ class Lz4Layout:
         self.logical_size = logical_size
         self._blocks = blocks  # validated _BLOCK_DTYPE entries: 24 bytes per block, however many shards
         self._cache = BLOCK_CACHE if cache is None else cache
-        self._id = next(_layout_ids)  # cache key prefix; unlike id(self), never reused
+        self._id = self._cache.owner()
 
     def _blocks_for(self, offset: int, length: int) -> range:
         if offset < 0 or length < 0 or offset + length > self.logical_size:
@@ -485,6 +490,9 @@ class Lz4ShardFormat:
     def read_members(self, src: ByteSource) -> list[MemberRecord]:
         """The strict form of scan(): raises ShardFormatError on any damage."""
         return _load_members(src, _load_index(src, src.size))
+
+    def as_stored(self, offsets) -> bool:
+        return self.members_as_stored
 
     def open_layout(self, src: ByteSource, size: int) -> Lz4Layout:
         """``size`` is the shard's file size as recorded at scan time; a changed file is refused."""

@@ -17,7 +17,7 @@ continuation of a file from another volume, devices) is left out with a warning 
 from __future__ import annotations
 
 from shardfs.formats import sparse
-from shardfs.formats.base import (SMALL_DATA, ByteSource, IdentityLayout, Kind, MemberRecord, ScanResult,
+from shardfs.formats.base import (SMALL_DATA, AsStored, ByteSource, Kind, MemberRecord, ScanResult,
                                   ShardFormatError, Window)
 
 BLOCK = 512
@@ -190,13 +190,9 @@ def _sparse_map(win: Window, header: bytes, attrs: dict[bytes, bytes], old_map: 
     return sparse.runs(pairs, real_size, end - data_at), real_size, data_at
 
 
-class TarFormat:
+class TarFormat(AsStored):
     name = "tar"
     suffixes = (".tar",)
-    members_as_stored = True  # a member is a byte range of the shard (its layout is the identity); sparse ones: runs
-
-    def open_layout(self, src: ByteSource, size: int) -> IdentityLayout:
-        return IdentityLayout()
 
     def scan(self, src: ByteSource) -> ScanResult:
         result = ScanResult(members=[], warnings=[])

@@ -10,7 +10,6 @@ import threading
 
 import numpy as np
 
-from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.fuse import _lowlevel
 from shardfs.index import names
@@ -170,9 +169,10 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         "mode": np.ascontiguousarray(tree.mode, np.uint16),
         "kind": np.ascontiguousarray(tree.kind, np.uint8),
         "mtime": np.ascontiguousarray(tree.mtime, np.float64),
-        # Only where a member is a byte range of the shard as stored (tar) can the loop copy it
-        # from the cached shard; other formats (lz4 blocks) go through their layout in Python.
-        "shard_raw": np.array([format_for(s.path).members_as_stored for s in view.shards], np.uint8),
+        # Only where a shard's members are byte ranges of it as stored (tar, Arrow, HDF5, Parquet
+        # without compressed pages) can the loop copy them from the cached shard; the others (lz4
+        # blocks, compressed Parquet pages) go through their layout in Python.
+        "shard_raw": view.as_stored().astype(np.uint8),
     }
     return _lowlevel.Table(arrays, view, tuple(slots.slot(s) for s in view.shards), ndirs=ndirs,
                            nmembers=nmembers, nsorted=len(keys), symlink_kind=int(Kind.SYMLINK),

@@ -83,6 +83,8 @@ def save(index: ShardIndex, path: str) -> None:
         "symlinks": {str(i): _text(t) for i, t in index.symlinks.items()},
         "warnings": index.warnings,
         "error": index.error,
+        "classes": index.classes,
+        "columns": index.columns,
         "arrays": [[name, a.dtype.str, len(a)] for name, a in arrays],
     }).encode()
     parts = [meta, bytes(_pad(len(meta)))]
@@ -180,6 +182,8 @@ def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
         warnings=meta["warnings"],
         error=meta["error"],
         sparse=sparse,
+        classes=meta.get("classes"),
+        columns=meta.get("columns", ""),
         **{name: arrays[name] for name in ARRAYS},
     )
     check(index)

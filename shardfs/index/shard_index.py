@@ -18,8 +18,9 @@ import numpy as np
 
 from shardfs.index import fingerprint, labels
 from shardfs.index import names, replay
-from shardfs.formats import ShardFormatError, format_for
-from shardfs.formats.base import Kind, Window
+from shardfs.formats import DATA_FORMATS, ShardFormatError, format_for
+from shardfs.formats.datafile import Columns
+from shardfs.formats.base import Kind, ScanResult, Window
 from shardfs.storage import open_shard
 from shardfs.storage.base import Shard
 
@@ -79,6 +80,10 @@ class ShardIndex:
     shard_tag: str = ""  # remote shards: the object's ETag (or Last-Modified) it was built from
     shard_fingerprint: str = ""  # fingerprint.of the shard it was built from ("" in older indexes)
     legacy: bool = False  # read from an older file format: the store writes it again (not persisted)
+    # Dataset files (formats/datafile.py): every member has a label (cls_member, cls_value); the
+    # class names the file carries, and the --columns it was built with ("" by convention).
+    classes: list[str] | None = None
+    columns: str = ""
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -88,20 +93,24 @@ class ShardIndex:
         return self.names[start : int(self.name_end[i])]
 
 
-def build(shard: Shard | str) -> ShardIndex:
+def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
     """Scan a shard (or the shard at a path or URL) and vet every member name. Damage is
     recorded, never raised; a shard that cannot be read at all raises ShardIOError
-    (``unavailable``) and nothing is recorded."""
+    (``unavailable``) and nothing is recorded. ``columns``: dataset files' image and label."""
     if isinstance(shard, str):
         opened = open_shard(shard)
         try:
-            return build(opened)
+            return build(opened, columns)
         finally:
             opened.close()
     fmt = format_for(shard.path)
     if fmt is None:
         raise ValueError(f"{shard.path}: not a known shard type")
-    result = fmt.scan(shard)
+    data_file = fmt.name in DATA_FORMATS
+    try:
+        result = fmt.scan(shard, columns) if data_file else fmt.scan(shard)
+    except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
+        result = ScanResult(members=[], warnings=[], error=str(exc))
     shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
 
@@ -111,7 +120,10 @@ def build(shard: Shard | str) -> ShardIndex:
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
     cls_member, cls_value = labels.no_labels()
     wanted = [i for i, rec in enumerate(members) if rec.kind == Kind.FILE and labels.is_label_member(rec.path, rec.size)]
-    if wanted:  # only WebDataset-style shards pay for this
+    if data_file:
+        cls_member = np.arange(len(members), dtype=np.int32)
+        cls_value = np.array([rec.label for rec in members], dtype=np.int64)
+    elif wanted:  # only WebDataset-style shards pay for this
         try:
             cls_member, cls_value = _read_labels(shard, fmt, members, wanted, offsets, sizes)
         except ShardFormatError as exc:
@@ -143,6 +155,8 @@ def build(shard: Shard | str) -> ShardIndex:
         error=f"{shown}: {result.error}" if result.error else None,
         cls_member=cls_member,
         cls_value=cls_value,
+        classes=result.classes,
+        columns=str(columns) if data_file else "",
     )
 
 

@@ -14,6 +14,8 @@ import os
 from shardfs.dirs import cache_dir
 from shardfs.index import fingerprint
 from shardfs.index.index_file import OutdatedIndex, load, save
+from shardfs.formats import DATA_FORMATS
+from shardfs.formats.datafile import Columns
 from shardfs.index.shard_index import INDEX_SUFFIX, ShardIndex, build
 from shardfs.storage.base import is_url
 from shardfs.storage.local import LocalShard
@@ -33,8 +35,13 @@ def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
     return [real + INDEX_SUFFIX, cached_path(real, index_dir)]
 
 
-def is_current(index: ShardIndex, st: os.stat_result) -> bool:
-    return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns
+def is_current(index: ShardIndex, st: os.stat_result, columns: Columns = Columns()) -> bool:
+    return index.shard_size == st.st_size and index.shard_mtime_ns == st.st_mtime_ns and _same_columns(index, columns)
+
+
+def _same_columns(index: ShardIndex, columns: Columns) -> bool:
+    """A dataset file's index serves only the --columns it was built with."""
+    return index.format not in DATA_FORMATS or index.columns == str(columns)
 
 
 def _left_out_what_we_serve(index: ShardIndex) -> bool:
@@ -87,7 +94,8 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
     return index, f"{how}, not saved"
 
 
-def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
+def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False,
+                         columns: Columns = Columns()) -> tuple[ShardIndex, str]:
     """A remote shard's index: from the local cache (keyed by URL), else from beside the object
     (``URL.shardfs-idx``, copied into the cache), else built by streaming the object once.
     An index is used only if it describes the object: built from it (same size and ETag or
@@ -100,7 +108,7 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
     if not rebuild:
         index = _try_load(cached)
         if index is not None:
-            why = _not_describing(index, obj)
+            why = _not_describing(index, obj, columns)
             if why is None:
                 index.stored_at = cached
                 _in_current_format(index, cached)
@@ -115,22 +123,24 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
                 log.warning("cannot fetch %s (%s): building the index instead", beside, exc)
         index = _try_load(io.BytesIO(data), beside) if data else None
         if index is not None:
-            why = _not_describing(index, obj)
+            why = _not_describing(index, obj, columns)
             if why is None:
                 # Cached with the object's tag: the next mount trusts it without a GET.
                 index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
                 return _save_first(index, [cached], url, how="loaded")
             log.warning("index %s does not describe %s (%s); building one", beside, url, why)
-    return _save_first(build(RemoteShard.of(obj)), [cached], url)
+    return _save_first(build(RemoteShard.of(obj), columns), [cached], url)
 
 
-def _not_describing(index: ShardIndex, obj) -> str | None:
+def _not_describing(index: ShardIndex, obj, columns: Columns = Columns()) -> str | None:
     """Why ``index`` cannot serve the object ``obj``, or None if it provably describes it:
     built from this very object (its tag), or its fingerprint matches the object's bytes."""
     from shardfs.storage.remote import RemoteShard
 
     if index.shard_size != obj.size:
         return f"size {index.shard_size}, the object has {obj.size}"
+    if not _same_columns(index, columns):
+        return f"built for --columns {index.columns!r}"
     if obj.tag and index.shard_tag == obj.tag:
         return None
     if not index.shard_fingerprint:
@@ -143,7 +153,7 @@ def _not_describing(index: ShardIndex, obj) -> str | None:
     return None if now == index.shard_fingerprint else "its fingerprint differs from the object's bytes"
 
 
-def find_current(shard_path: str, index_dir: str | None = None) -> ShardIndex | None:
+def find_current(shard_path: str, index_dir: str | None = None, columns: Columns = Columns()) -> ShardIndex | None:
     """The persisted index that describes the local shard as it is now (its size and mtime), or
     None; OSError if the shard cannot be stat'ed."""
     st = os.stat(shard_path)
@@ -151,7 +161,7 @@ def find_current(shard_path: str, index_dir: str | None = None) -> ShardIndex | 
         index = _try_load(path)
         if index is None:
             continue
-        if is_current(index, st):
+        if is_current(index, st, columns):
             index.stored_at = path
             _in_current_format(index, path)
             return index
@@ -159,18 +169,19 @@ def find_current(shard_path: str, index_dir: str | None = None) -> ShardIndex | 
     return None
 
 
-def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False) -> tuple[ShardIndex, str]:
+def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False,
+                  columns: Columns = Columns()) -> tuple[ShardIndex, str]:
     """The shard's index and how it was obtained ("loaded", "built" or "built, not saved").
-    ``rebuild``: build it without looking for a persisted one."""
+    ``rebuild``: build it without looking for a persisted one. ``columns``: see datafile.Columns."""
     if is_url(shard_path):
-        return load_or_build_remote(shard_path, index_dir, rebuild)
+        return load_or_build_remote(shard_path, index_dir, rebuild, columns)
     if not rebuild:
-        index = find_current(shard_path, index_dir)
+        index = find_current(shard_path, index_dir, columns)
         if index is not None:
             return index, "loaded"
     st = os.stat(shard_path)
     shard = LocalShard(shard_path, st.st_size, st.st_mtime_ns, sequential=True)
     try:
-        return _save_first(build(shard), candidate_paths(shard_path, index_dir), shard_path)
+        return _save_first(build(shard, columns), candidate_paths(shard_path, index_dir), shard_path)
     finally:
         shard.close()

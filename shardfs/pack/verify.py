@@ -10,7 +10,8 @@ Per shard:
   sha256 (tar data has no checksum of its own: without a manifest only ``--decode`` reads it);
   a shard that no manifest of its directory lists, or a listed shard missing on disk, is a
   problem too;
-* with ``decode``: every member with an image extension is opened with Pillow and loaded.
+* with ``decode``: every member with an image extension is opened with Pillow and loaded
+  (Parquet: through its page, decoded and checked).
 
 Shards may be URLs (s3://, http(s)://): they are read through the same storage layer as a mount.
 """
@@ -32,6 +33,7 @@ from shardfs.index import names
 from shardfs.errors import UsageError
 from shardfs.formats import ShardFormatError, format_for, sparse
 from shardfs.formats.base import Kind
+from shardfs.formats.datafile import Columns
 from shardfs.storage import open_shard
 from shardfs.storage.base import ShardIOError, is_url
 from shardfs.view.sources import find_shards
@@ -85,8 +87,10 @@ def _affected(ix, start: int, end: int) -> str:
     return f" (members {shown}{more})" if hit else ""
 
 
-def check_shard(path: str, decode: bool = False, expected: dict | None = None) -> ShardReport:
-    """Every check of one shard (a file or a URL); ``expected`` is its manifest entry, if any."""
+def check_shard(path: str, decode: bool = False, expected: dict | None = None,
+                columns: Columns = Columns()) -> ShardReport:
+    """Every check of one shard (a file or a URL); ``expected`` is its manifest entry, if any;
+    ``columns``: a dataset file's image and label columns."""
     from shardfs.index import shard_index
 
     shown = os.path.basename(path)
@@ -95,7 +99,7 @@ def check_shard(path: str, decode: bool = False, expected: dict | None = None) -
     try:
         shard = open_shard(path)
         report.size = shard.size
-        ix = shard_index.build(shard)
+        ix = shard_index.build(shard, columns)
     except OSError as exc:  # ShardIOError too
         bad(f"{shown}: cannot read: {exc.strerror or exc}")
         return report
@@ -202,7 +206,7 @@ def _manifest_expectations(dirs: list[str], problem) -> tuple[dict[str, dict], d
 
 
 def verify(sources: list[str], decode: bool = False, workers: int | None = None, report=print,
-           progress: bool | None = None) -> VerifyResult:
+           progress: bool | None = None, columns: Columns = Columns()) -> VerifyResult:
     """Check every shard named by sources; each problem goes to ``report`` as one line."""
     from tqdm import tqdm
 
@@ -228,7 +232,7 @@ def verify(sources: list[str], decode: bool = False, workers: int | None = None,
         if p not in expected and by_dir.get(os.path.dirname(p)):
             problem(f"{os.path.basename(p)}: not listed in {', '.join(by_dir[os.path.dirname(p)])}", p)
 
-    jobs = [(p, decode, expected.get(p)) for p in paths]
+    jobs = [(p, decode, expected.get(p), columns) for p in paths]
     workers = min(workers or min(8, os.cpu_count() or 1), max(len(jobs), 1))
     total = sum(os.path.getsize(p) for p in paths if not is_url(p))
     shards = members = nbytes = damaged = 0

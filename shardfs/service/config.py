@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ class MountConfig:
     log_file: str | None = None
     layout: str = "plain"  # or "imagefolder": WebDataset samples as <class>/<key>.<ext> (layouts.py)
     class_names: str | None = None  # imagefolder: class names, one per line (label i = line i)
+    columns: str | None = None  # dataset files: "image=COL,label=COL" (formats/datafile.py)
     # fsspec storage options for remote sources (endpoint_url, key, secret, anon, ...):
     # never on a command line the daemon is started with, never in logs.
     storage_options: dict = field(default_factory=dict)
@@ -70,6 +72,7 @@ _KEYS = {
     "log_file": ((str,), "a path"),
     "layout": ((str,), "plain or imagefolder"),
     "class_names": ((str,), "a path"),
+    "columns": ((str,), '"image=COL,label=COL"'),
     "storage_options": ((dict,), "a table of fsspec storage options (endpoint_url, key, secret, ...)"),
     "metrics_dir": ((str,), "a directory (node_exporter's --collector.textfile.directory)"),
     "metrics_interval": ((int, float), "seconds between metrics writes (> 0)"),
@@ -168,6 +171,13 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
             read_classes(cfg.class_names)
         except UsageError as exc:
             raise fail("class_names", str(exc)) from None
+    if cfg.columns is not None:
+        from shardfs.formats.datafile import Columns
+
+        try:
+            Columns.parse(cfg.columns)
+        except UsageError as exc:
+            raise fail("columns", str(exc)) from None
 
 
 # fstab options mount(8) passes along that mean nothing to us (the mount is always read-only).
@@ -176,15 +186,17 @@ _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "
                     "default_permissions", "async", "sync"}
 STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
-                  "log_level": str, "log_file": str, "layout": str, "class_names": str, "metrics_dir": str,
-                  "metrics_interval": float, "disk_cache": str, "disk_cache_size": str, "peers": parse_peers,
-                  "peer_self": str}
+                  "log_level": str, "log_file": str, "layout": str, "class_names": str, "columns": str,
+                  "metrics_dir": str, "metrics_interval": float, "disk_cache": str, "disk_cache_size": str,
+                  "peers": parse_peers, "peer_self": str}
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
-    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab."""
+    """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab.
+    A comma inside a value is escaped with a backslash, as libfuse's option parser takes it
+    (``columns=image=pixels\\,label=cls``); ``peers=a:1,b:2`` goes on over plain commas."""
     after_peers = False
-    for opt in text.split(","):
+    for opt in (part.replace("\\,", ",") for part in re.split(r"(?<!\\),", text)):
         key, sep, value = opt.partition("=")
         if after_peers and not sep and ":" in opt:  # peers=a:1,b:2: the list goes on
             cfg.peers.extend(parse_peers(opt))
@@ -228,7 +240,8 @@ def to_args(cfg: MountConfig) -> list[str]:
         args += ["--disk-cache", "off"]
     if cfg.peers is not None:
         args += ["--peers", ",".join(cfg.peers) or "off"]
-    for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file", "peer_self"):
+    for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file", "peer_self",
+                "columns"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
     if cfg.allow_other:

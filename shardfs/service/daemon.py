@@ -19,6 +19,7 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
+from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
 from shardfs.storage.disk import DiskTier
@@ -120,6 +121,7 @@ class Daemon:
         self.stats = Stats()
         self._rescan_lock = threading.Lock()
         self.layout = layouts.from_options(cfg.layout, cfg.class_names)  # read once: a rescan keeps it
+        self.columns = Columns.parse(cfg.columns)
 
     def serve(self) -> int:
         # These load libfuse: keep `shardfs index` etc. usable without it.
@@ -140,7 +142,7 @@ class Daemon:
 
             self.peers = PeerNet(opts.peers, opts.peer_self)
         self._report("finding shards")
-        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout,
+        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
                                      progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
         self._join_peers(view)
         for line in view.problems:
@@ -299,7 +301,8 @@ class Daemon:
                                monotonic_usec=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
             old = self.fs.view
             try:
-                new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers, self.layout)
+                new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers, self.layout,
+                                      columns=self.columns)
                 self._join_peers(new)
             except Exception as exc:  # keep serving the old view whatever went wrong
                 log.error("rescan failed, still serving the previous view: %s", exc)

@@ -12,9 +12,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
+from shardfs.formats.datafile import Columns
 from shardfs.index import index_file, shard_index
 from shardfs.index import store as index_store
 from shardfs.storage import deadline
@@ -57,26 +60,36 @@ class Dataset:
             self._layouts[shard.path] = found
         return found
 
+    def as_stored(self) -> np.ndarray:
+        """Per shard, whether its members in the tree are byte ranges of it as stored (the compiled
+        loop copies those from the cached shard; the others go through their layout in Python)."""
+        tree = self.tree
+        order = np.argsort(tree.shard, kind="stable")
+        starts = np.searchsorted(tree.shard[order], np.arange(len(self.shards) + 1))
+        return np.array([format_for(s.path).as_stored(tree.offset[order[starts[i]:starts[i + 1]]])
+                         for i, s in enumerate(self.shards)], bool)
+
     def __post_init__(self) -> None:
         self._layouts: dict[str, DataLayout] = {}
 
 
 def _load_or_build(args):
-    path, index_dir, rebuild = args
+    path, index_dir, rebuild, columns = args
     try:
-        return index_store.load_or_build(path, index_dir, rebuild)
+        return index_store.load_or_build(path, index_dir, rebuild, columns)
     except OSError as exc:  # ShardIOError too: a shard unreachable (after retries), gone or changed
         return None, f"{path}: cannot read: {exc.strerror or exc}"
 
 
-def _current(path: str, index_dir: str | None):
+def _current(path: str, index_dir: str | None, columns: Columns):
     try:
-        return index_store.find_current(path, index_dir)
+        return index_store.find_current(path, index_dir, columns)
     except OSError:
         return None  # the shard cannot be stat'ed: its job below says so
 
 
-def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None):
+def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None,
+                 columns: Columns = Columns()):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (processes for local shards; threads for remote ones, which wait on the network).
     ``progress(done, total)`` is called as each index is ready."""
@@ -92,10 +105,10 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         # Current local indexes are read here: a read and a few numpy views each, far less than
         # what a worker process would spend pickling them back to us (a remount reads them all).
         local = [p for p in paths if not is_url(p)]
-        collect((p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir) for p in local)) if ix is not None)
+        collect((p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns) for p in local)) if ix is not None)
     todo = [p for p in paths if p not in done]
     # A local shard left over has no current index (it was just looked for): built without looking again.
-    jobs = [(p, index_dir, rebuild or not is_url(p)) for p in todo]
+    jobs = [(p, index_dir, rebuild or not is_url(p), columns) for p in todo]
     if any(is_url(p) for p in todo) and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs)))
@@ -108,14 +121,18 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
 
 
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
-                 layout: layouts.ImageFolderLayout | None = None, progress=None) -> Dataset:
+                 layout: layouts.ImageFolderLayout | None = None, progress=None,
+                 columns: Columns = Columns()) -> Dataset:
     """``layout``: None shows members as stored; see layouts.py for the imagefolder view.
-    ``progress(done, total)``: called as each shard's index is ready."""
-    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout, progress=progress)
+    ``progress(done, total)``: called as each shard's index is ready. ``columns``: dataset
+    files' image and label columns (formats/datafile.py)."""
+    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout, progress=progress,
+                     columns=columns)
 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
-           workers: int | None = None, layout: layouts.ImageFolderLayout | None = None) -> Dataset:
+           workers: int | None = None, layout: layouts.ImageFolderLayout | None = None,
+           columns: Columns = Columns()) -> Dataset:
     """The dataset as the sources are now, keeping what readers may still hold.
 
     Added shards join the tree. A shard that disappeared or changed on disk keeps its
@@ -133,7 +150,7 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
                                         timeout=SOURCES_TIMEOUT)
     except (UsageError, OSError) as exc:
         raise RescanPostponed(f"cannot list the sources: {exc}") from None
-    return _assemble(paths, index_dir, workers, previous, layout)
+    return _assemble(paths, index_dir, workers, previous, layout, columns=columns)
 
 
 def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
@@ -158,7 +175,8 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
 
 
 def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
-              layout: layouts.ImageFolderLayout | None = None, progress=None) -> Dataset:
+              layout: layouts.ImageFolderLayout | None = None, progress=None,
+              columns: Columns = Columns()) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
@@ -179,7 +197,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
 
     fresh = [p for p in paths if p not in entries]
     built = 0
-    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress):
+    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns):
         if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
             ix = _stale_index(old[path])
             if ix is None:

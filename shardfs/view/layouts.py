@@ -1,6 +1,7 @@
 """Layouts: how the members of a shard are presented. ``plain`` shows them as stored;
 ``imagefolder`` turns WebDataset samples into ``<class>/<key>.<ext>`` for torchvision's
-ImageFolder.
+ImageFolder. Dataset files (Parquet, Arrow, HDF5: formats/datafile.py) show each row as
+``SPLIT/CLASS/NAME.EXT`` in either layout, CLASS by the same rule (see ``datafile_view``).
 
 A WebDataset sample is the run of members sharing a key: the member path up to the first
 "." of its last component (``train/n0144_1.jpg`` -> ``train/n0144_1``, as webdataset's
@@ -12,12 +13,14 @@ to the same bytes.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shardfs.errors import UsageError
 from shardfs.index import names
+from shardfs.formats import DATA_FORMATS
 from shardfs.formats.base import Kind
 from shardfs.index.shard_index import ShardIndex, path_hash
 from shardfs.index.labels import UNPARSABLE
@@ -162,15 +165,74 @@ def _renamed(ix: ShardIndex, members: np.ndarray, paths: list[bytes], parent: np
     )
 
 
+def datafile_view(ix: ShardIndex, layout: ImageFolderLayout, shard: str, skipped: Skipped,
+                  placed: Counter, notes: list[str]) -> ShardIndex:
+    """A dataset file's rows (``SPLIT/NAME.EXT``, a label each) as ``SPLIT/CLASS/NAME.EXT``: CLASS
+    from the class names the file carries, else the layout's (``--class-names``), else the label
+    zero-padded. ``placed`` counts rows by (split, class folder, label)."""
+    classes = ix.classes
+    if classes is not None:
+        try:
+            for name in classes:
+                check_component(name, f"{shard}: class")
+            if len(set(classes)) != len(classes):
+                raise UsageError(f"{shard}: a class name appears twice")
+        except UsageError as exc:
+            notes.append(f"{exc}; its rows are shown under their labels")
+            classes = None
+    own = layout if classes is None else ImageFolderLayout(classes)
+    chosen, paths, parent, dirs = [], [], [], {}
+    label_of = dict(zip(ix.cls_member.tolist(), ix.cls_value.tolist()))
+    for m in range(len(ix)):
+        name = ix.name(m)
+        label = label_of.get(m, UNPARSABLE)
+        folder = own.folder(label)
+        if folder is None:
+            skipped.add("with a label out of range", shard, name)
+            continue
+        split = names.parent_of(name)
+        folder_path = (split + b"/" if split else b"") + folder.encode("utf-8", "surrogateescape")
+        chosen.append(m)
+        paths.append(folder_path + b"/" + names.basename_of(name))
+        parent.append(dirs.setdefault(folder_path, len(dirs)))
+        placed[(split, folder, label)] += 1
+    return _renamed(ix, np.array(chosen, dtype=np.int64), paths, np.array(parent, dtype=np.uint32), list(dirs))
+
+
+def mismatches(placed: Counter) -> list[str]:
+    """Rows whose ImageFolder class index (its folder's place among its split's sorted folders)
+    is not their stored label, counted (the class names are unsorted, a class has no row, or
+    files disagree on the names)."""
+    folders: dict[bytes, set[str]] = {}
+    for split, folder, _ in placed:
+        folders.setdefault(split, set()).add(folder)
+    index = {split: {f: i for i, f in enumerate(sorted(fs))} for split, fs in folders.items()}
+    differ = sum(n for (split, folder, label), n in placed.items() if index[split][folder] != label)
+    if not differ:
+        return []
+    return [f"dataset files: {differ} of {sum(placed.values())} rows have an ImageFolder class index other than "
+            "their stored label (unsorted class names or classes without rows: map with dataset.class_to_idx)"]
+
+
 def apply(layout: ImageFolderLayout | None, shard_names: list[str], indexes: list[ShardIndex]):
-    """(the indexes as the layout shows them, problem lines). ``None`` is the plain layout."""
-    if layout is None:
+    """(the indexes as the layout shows them, problem lines). ``None`` is the plain layout, in
+    which dataset files still show their rows in class folders."""
+    data = [ix.format in DATA_FORMATS for ix in indexes]
+    if layout is None and not any(data):
         return indexes, []
-    if layout.classes is None:  # never narrower than before: a rescan does not rename every folder
-        layout.width = max(layout.width, label_width(indexes))
-    skipped = Skipped()
-    views = [imagefolder(ix, layout, shard, skipped) for shard, ix in zip(shard_names, indexes)]
-    return views, layout.notes(skipped.used) + skipped.lines()
+    folders = layout if layout is not None else ImageFolderLayout()
+    if folders.classes is None:  # never narrower than before: a rescan does not rename every folder
+        folders.width = max(folders.width, label_width(indexes))
+    skipped, placed, notes = Skipped(), Counter(), []
+    views = []
+    for shard, ix, is_data in zip(shard_names, indexes, data):
+        if is_data:
+            views.append(datafile_view(ix, folders, shard, skipped, placed, notes))
+        else:
+            views.append(ix if layout is None else imagefolder(ix, layout, shard, skipped))
+    if layout is not None and not all(data):
+        notes = layout.notes(skipped.used) + notes
+    return views, notes + mismatches(placed) + skipped.lines()
 
 
 def from_options(name: str, class_names: str | None) -> ImageFolderLayout | None:

@@ -8,7 +8,9 @@ requests, shardfs's own storage counter, and what other processes did meanwhile.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
 
 from .caches import cached_bytes, drop_caches
@@ -176,6 +178,19 @@ def run_rounds(methods: dict[str, Method], rounds: int, round_fn, retries: int, 
     except KeyboardInterrupt:
         print("interrupted: reporting what was measured", flush=True)
     return res
+
+
+def until_interrupted(count: int, round_fn) -> list:
+    """``round_fn(r)`` for each of ``count`` rounds, a line before each; a Ctrl-C or SIGTERM ends
+    them early and the rounds measured so far are returned (for a report of what there is)."""
+    rounds = []
+    try:
+        for r in range(count):
+            print(f"round {r + 1}/{count} (load {os.getloadavg()[0]:.1f})", flush=True)
+            rounds.append(round_fn(r))
+    except KeyboardInterrupt:
+        print("interrupted: reporting the rounds measured", file=sys.stderr)
+    return rounds
 
 
 def rounds_used(rounds: dict[str, list[dict]]) -> tuple[dict, tuple]:

@@ -1,0 +1,471 @@
+"""Parquet files (``.parquet``): Hugging Face's ``image`` struct {bytes, path} and ``label``, or
+any binary and integer column.
+
+pyarrow reads the footer, the labels and the stored paths. Where each image lies is read here from
+the image column's pages, because pyarrow does not say: a page is a Thrift header and a body of
+(optionally) definition levels and values, PLAIN (a 4-byte length, then the bytes) or indices into
+a dictionary page of PLAIN values.
+
+* An uncompressed page (what ``datasets.to_parquet`` writes for images, measured) holds the values
+  as stored: a sample is a byte range of the file, its offset the file's.
+* A compressed page (snappy, zstd, gzip, ...) is decoded whole when one of its samples is read,
+  and kept in a bounded cache like lz4 shard blocks. The page is the unit: it is the smallest
+  thing Parquet compresses (a row group is many pages: decoding it for one sample would decode
+  them all), and a damaged page fails alone: EIO for its samples, with a log line.
+  Such a sample's offset is a *virtual offset* (as BGZF's): a flag, the page header's file offset
+  and the value's offset in the decoded page, so reading it needs no table but the page header.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+from shardfs.formats import datafile
+from shardfs.formats.arrowipc import names_in
+from shardfs.formats.base import ByteSource, Fetch, ScanResult, ShardFormatError, Window
+from shardfs.formats.lz4shard import BLOCK_CACHE
+from shardfs.storage.base import ShardIOError
+
+VIRTUAL = 1 << 62  # set in an offset that points into a decoded page
+_WITHIN_BITS = 26  # a value's offset in its decoded page: pages up to 64 MiB
+_PAGE_BITS = 36  # the page header's offset in the file: compressed pages in the first 64 GiB
+MAX_HEADER = 1 << 20
+_DATA, _DICTIONARY, _DATA_V2 = 0, 2, 3
+_PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
+_CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
+
+
+def virtual(page_at: int, within: int) -> int:
+    return VIRTUAL | page_at << _WITHIN_BITS | within
+
+
+# --------------------------------------------------------------------------- Thrift compact protocol
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ShardFormatError("page header cut short")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 70:
+            raise ShardFormatError("bad varint in a page header")
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _value(buf: bytes, pos: int, kind: int, depth: int):
+    if kind in (1, 2):
+        return kind == 1, pos
+    if kind == 3:
+        return buf[pos], pos + 1
+    if kind in (4, 5, 6):
+        n, pos = _varint(buf, pos)
+        return _zigzag(n), pos
+    if kind == 7:
+        return None, pos + 8
+    if kind == 8:
+        n, pos = _varint(buf, pos)
+        return buf[pos : pos + n], pos + n
+    if kind in (9, 10):
+        head = buf[pos]
+        pos += 1
+        count, elem = head >> 4, head & 0x0F
+        if count == 15:
+            count, pos = _varint(buf, pos)
+        items = []
+        for _ in range(count):
+            item, pos = _value(buf, pos, 1 if elem == 1 else elem, depth)  # bools in lists: one byte each
+            items.append(item)
+        return items, pos
+    if kind == 12:
+        return _struct(buf, pos, depth + 1)
+    raise ShardFormatError(f"unknown Thrift type {kind} in a page header")
+
+
+def _struct(buf: bytes, pos: int, depth: int = 0) -> tuple[dict, int]:
+    """A Thrift compact struct: field id -> value (nested structs as dicts)."""
+    if depth > 16:
+        raise ShardFormatError("page header nested too deep")
+    fields, last = {}, 0
+    while True:
+        if pos >= len(buf):
+            raise ShardFormatError("page header cut short")
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return fields, pos
+        kind, delta = head & 0x0F, head >> 4
+        if delta:
+            last += delta
+        else:
+            n, pos = _varint(buf, pos)
+            last = _zigzag(n)
+        if kind == 1 or kind == 2:
+            fields[last] = kind == 1
+        else:
+            fields[last], pos = _value(buf, pos, kind, depth)
+
+
+def read_header(fetch: Fetch, at: int, limit: int) -> tuple[dict, int]:
+    """The page header at ``at`` and where its body starts."""
+    want = 256
+    while True:
+        buf = fetch(at, min(want, limit - at))
+        try:
+            header, used = _struct(buf, 0)
+            return header, at + used
+        except (ShardFormatError, IndexError):
+            if want >= MAX_HEADER or at + want >= limit:
+                raise ShardFormatError(f"bad page header at offset {at}") from None
+            want *= 8
+
+
+# --------------------------------------------------------------------------- page bodies
+
+
+def _hybrid(buf: bytes, pos: int, end: int, width: int, count: int) -> np.ndarray:
+    """Parquet's RLE / bit-packed hybrid encoding: ``count`` values of ``width`` bits."""
+    if width == 0:
+        return np.zeros(count, np.int64)
+    parts, have = [], 0
+    weights = 1 << np.arange(width, dtype=np.int64)
+    while have < count:
+        if pos >= end:
+            raise ShardFormatError("levels or indices cut short")
+        head, pos = _varint(buf, pos)
+        if head & 1:
+            nbytes = (head >> 1) * width
+            bits = np.unpackbits(np.frombuffer(buf, np.uint8, nbytes, pos), bitorder="little")
+            values = bits.reshape(-1, width).astype(np.int64) @ weights
+            pos += nbytes
+        else:
+            size = (width + 7) // 8
+            values = np.full(head >> 1, int.from_bytes(buf[pos : pos + size], "little"), np.int64)
+            pos += size
+        parts.append(values)
+        have += len(values)
+    return np.concatenate(parts)[:count]
+
+
+def _plain(body: bytes, pos: int, end: int, count: int) -> list[tuple[int, int]]:
+    """(offset, size) of ``count`` PLAIN byte-array values from ``pos``."""
+    out = []
+    for _ in range(count):
+        if pos + 4 > end:
+            raise ShardFormatError("values cut short")
+        (n,) = struct.unpack_from("<I", body, pos)
+        if pos + 4 + n > end:
+            raise ShardFormatError("a value beyond its page")
+        out.append((pos + 4, n))
+        pos += 4 + n
+    return out
+
+
+def decode_body(header: dict, raw: bytes, codec: str | None, where: str) -> bytes:
+    """The page's body as an uncompressed page would hold it (levels, then values)."""
+    import pyarrow as pa
+
+    if 4 in header and zlib.crc32(raw) != header[4] & 0xFFFFFFFF:
+        raise ShardFormatError(f"{where}: checksum mismatch")
+    usize = header[2]
+    levels = 0
+    v2 = header.get(8)
+    if v2 is not None:
+        levels = v2.get(5, 0) + v2.get(6, 0)
+        if not v2.get(7, True):
+            codec = None
+    if codec is None:
+        return raw
+    try:
+        values = pa.decompress(raw[levels:], usize - levels, codec=codec, asbytes=True)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ShardFormatError(f"{where}: cannot decode ({codec}): {exc}") from None
+    if len(values) != usize - levels:
+        raise ShardFormatError(f"{where}: decoded to {len(values)} bytes, expected {usize - levels}")
+    return bytes(raw[:levels]) + values
+
+
+def _values(header: dict, body: bytes, max_def: int, where: str, dictionary: list | None):
+    """Each value of a data page, None for a null: (offset, size) in ``body``, or for indices into
+    the dictionary its entry as given; a dictionary page: its entries, (offset, size) in ``body``."""
+    kind = header.get(1)
+    if kind == _DICTIONARY:
+        return _plain(body, 0, len(body), header[7][1])
+    v2 = header.get(8)
+    info = v2 if kind == _DATA_V2 else header.get(5)
+    if kind not in (_DATA, _DATA_V2) or info is None:
+        return []  # an index page: no values
+    count, encoding = info[1], info[2] if kind == _DATA else info[4]
+    pos, width = 0, max_def.bit_length()
+    defined = np.ones(count, bool)
+    if max_def:
+        if kind == _DATA:
+            (length,) = struct.unpack_from("<I", body, 0)
+            levels = _hybrid(body, 4, 4 + length, width, count)
+            pos = 4 + length
+        else:
+            levels = _hybrid(body, v2.get(6, 0), v2.get(6, 0) + v2.get(5, 0), width, count)
+            pos = v2.get(5, 0) + v2.get(6, 0)
+        defined = levels == max_def
+    elif kind == _DATA_V2:
+        pos = v2.get(6, 0)
+    present = int(defined.sum())
+    if encoding == _PLAIN:
+        found = _plain(body, pos, len(body), present)
+    elif encoding in (_PLAIN_DICTIONARY, _RLE_DICTIONARY):
+        if dictionary is None:
+            raise ShardFormatError(f"{where}: dictionary-encoded without a dictionary page")
+        indices = _hybrid(body, pos + 1, len(body), body[pos], present)
+        if present and (indices.min() < 0 or indices.max() >= len(dictionary)):
+            raise ShardFormatError(f"{where}: a dictionary index out of range")
+        found = [dictionary[i] for i in indices.tolist()]
+    else:
+        raise ShardFormatError(f"{where}: values in encoding {encoding} are not read here")
+    it = iter(found)
+    return [next(it) if d else None for d in defined.tolist()]
+
+
+# --------------------------------------------------------------------------- the format
+
+
+def _chunks(metadata) -> list[tuple[int, int, str | None, int]]:
+    """(start, end, codec, column) of every column chunk, from the footer."""
+    out = []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for j in range(group.num_columns):
+            c = group.column(j)
+            start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+            out.append((start, start + c.total_compressed_size, c.compression, j))
+    return out
+
+
+def _codec(name: str) -> str | None:
+    if name == "UNCOMPRESSED":
+        return None
+    if name not in _CODECS:
+        raise ShardFormatError(f"pages compressed with {name} are not read here")
+    return _CODECS[name]
+
+
+def _metadata(src: ByteSource):
+    pq = datafile.need("pyarrow.parquet", getattr(src, "path", ""))
+    import pyarrow as pa
+
+    try:
+        return pq.ParquetFile(datafile.FileObject(src))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, ShardIOError):
+            raise
+        raise ShardFormatError(f"cannot read its footer: {exc}") from None
+
+
+class ParquetLayout:
+    """Reads offsets as the file's own, or (VIRTUAL) in a page decoded once into a bounded cache.
+    The footer (which column chunk a page is in, and its codec) is read at the first such read:
+    a file of uncompressed pages never pays for pyarrow in the daemon."""
+
+    def __init__(self, src: ByteSource):
+        self._src = src
+        self._chunks: tuple | None = None
+        self._lock = threading.Lock()
+        self._cache = BLOCK_CACHE  # one bound for lz4 blocks and Parquet pages
+        self._id = self._cache.owner()
+
+    def _chunk_table(self) -> tuple:
+        with self._lock:
+            if self._chunks is None:
+                chunks = sorted(_chunks(_metadata(self._src).metadata))
+                self._chunks = (np.array([c[0] for c in chunks], np.int64), np.array([c[1] for c in chunks], np.int64),
+                                [c[2] for c in chunks])
+            return self._chunks
+
+    def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
+        if not offset & VIRTUAL:
+            return fetch(offset, length)
+        page_at = (offset & ~VIRTUAL) >> _WITHIN_BITS
+        within = offset & ((1 << _WITHIN_BITS) - 1)
+        key = (self._id, page_at)
+        body = self._cache.get(key)
+        if body is None:
+            body = self._page(page_at, fetch)
+            self._cache.put(key, body)
+        if within + length > len(body):
+            raise ShardFormatError(f"page at {page_at}: a value beyond its decoded page")
+        return body[within : within + length]
+
+    def _page(self, page_at: int, fetch: Fetch) -> bytes:
+        where = f"page at {page_at}"
+        starts, ends, codecs = self._chunk_table()
+        i = int(np.searchsorted(starts, page_at, side="right")) - 1
+        if i < 0 or page_at >= ends[i]:
+            raise ShardFormatError(f"{where}: in no column chunk")
+        header, body_at = read_header(fetch, page_at, int(ends[i]))
+        stored = header.get(3, -1)
+        if stored < 0 or body_at + stored > ends[i]:
+            raise ShardFormatError(f"{where}: its body lies beyond its column chunk")
+        raw = fetch(body_at, stored)
+        if len(raw) != stored:
+            raise ShardFormatError(f"{where}: short read ({len(raw)} of {stored} bytes)")
+        with datafile.checked(where):
+            return decode_body(header, raw, _codec(codecs[i]), where)
+
+
+class ParquetFormat:
+    name = "parquet"
+    suffixes = (".parquet",)
+    # Samples in compressed pages are decoded in Python (the shard cache, disk tier and prefetch
+    # serve the pages' bytes); see as_stored for files without any.
+    members_as_stored = False
+
+    def as_stored(self, offsets: np.ndarray) -> bool:
+        """A file whose images all lie in uncompressed pages is served like a tar (by the compiled loop)."""
+        return not np.any(offsets & VIRTUAL)
+
+    def open_layout(self, src: ByteSource, size: int) -> ParquetLayout:
+        if src.size != size:
+            raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
+        return ParquetLayout(src)
+
+    def scan(self, src: ByteSource, columns: datafile.Columns = datafile.Columns()) -> ScanResult:
+        path = getattr(src, "path", "")
+        pf = _metadata(src)
+        import pyarrow as pa
+
+        image, label, stored = _columns(pf, path, columns)
+        leaf = next(j for j in range(pf.metadata.num_columns) if pf.schema.column(j).path == image)
+        max_def = pf.schema.column(leaf).max_definition_level
+        if pf.schema.column(leaf).max_repetition_level:
+            raise ShardFormatError(f"column {image} is repeated: one image per row is read here")
+        try:
+            labels = pf.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
+            names = pf.read(columns=[stored]).column(0).to_pylist() if stored else None
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            if isinstance(exc, ShardIOError):
+                raise
+            raise ShardFormatError(f"cannot read its labels: {exc}") from None
+        if names is not None and names and isinstance(names[0], dict):  # the struct, with its one child
+            names = [n and next(iter(n.values())) for n in names]
+        win = Window(src, datafile.SCAN_WINDOW)
+        rows: list[datafile.Row] = []
+        warnings: list[str] = []
+        error, number, left_out = None, 0, 0
+        md = pf.metadata
+        for g in range(md.num_row_groups):
+            chunk = md.row_group(g).column(leaf)
+            try:
+                values = self._chunk(win, chunk, max_def, src.size, warnings)
+            except ShardFormatError as exc:
+                error = f"row group {g}: {exc}"
+                break
+            if len(values) != md.row_group(g).num_rows or number + len(values) > len(labels):
+                error = f"row group {g}: {len(values)} values for {md.row_group(g).num_rows} rows"
+                break
+            for value in values:
+                label_value = labels[number]
+                if value is None or label_value is None or label_value != label_value:  # NaN: a null label
+                    left_out += 1
+                    number += 1
+                    continue
+                at, size, head = value
+                rows.append(datafile.Row(at, size, int(label_value), number,
+                                         stored_name=names[number] if names else None, head=head))
+                number += 1
+        if left_out:
+            warnings.append(f"{left_out} rows without an image or a label (or in a damaged page) left out")
+        split = datafile.split_of(path)
+        for row in rows:
+            row.split = split
+        classes = _class_names(pf, label)
+        mtime = getattr(src, "mtime_ns", 0) / 1e9
+        return datafile.result(rows, md.num_rows, mtime, classes, warnings, error)
+
+    def _chunk(self, win: Window, chunk, max_def: int, size: int, warnings: list[str]):
+        """(offset, size, head) of each row's image in one column chunk, or None (null or a damaged page)."""
+        codec = _codec(chunk.compression)
+        pos = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        end = pos + chunk.total_compressed_size
+        if pos < 0 or end < pos:
+            raise ShardFormatError(f"its column chunk at {pos} has a bad offset or size")
+        if end > size:
+            raise ShardFormatError(f"its column chunk ends at {end}, beyond the file ({size} bytes): truncated")
+        out: list = []
+        dictionary = None
+        while pos < end:
+            header, body_at = read_header(win.get, pos, end)
+            stored, usize = header.get(3, -1), header.get(2, -1)
+            if stored < 0 or body_at + stored > end or usize < 0:
+                raise ShardFormatError(f"page at {pos}: its sizes do not fit its column chunk")
+            where = f"page at {pos}"
+            kind = header.get(1)
+            info = header.get(5) or header.get(8)
+            count = info.get(1, 0) if isinstance(info, dict) else 0
+            try:
+                with datafile.checked(where):
+                    compressed = codec is not None and not (kind == _DATA_V2 and not header[8].get(7, True))
+                    if compressed and (usize >= 1 << _WITHIN_BITS or pos >= 1 << _PAGE_BITS):
+                        raise ShardFormatError(f"{where}: a compressed page past 64 GiB or of over 64 MiB")
+                    raw = win.get(body_at, stored)
+                    body = decode_body(header, raw, codec, where) if compressed else raw
+                    found = _values(header, body, max_def, where, dictionary)
+            except ShardFormatError as exc:
+                if kind == _DICTIONARY:
+                    raise
+                warnings.append(f"{exc}: its {count} rows left out")
+                out.extend([None] * count)
+                pos = body_at + stored
+                continue
+            base = virtual(pos, 0) if compressed else body_at
+            if kind == _DICTIONARY:
+                dictionary = [(base + o, n, body[o : o + datafile.HEAD]) for o, n in found]
+            elif kind in (_DATA, _DATA_V2):
+                out.extend(v if v is None or len(v) == 3 else (base + v[0], v[1], body[v[0] : v[0] + datafile.HEAD])
+                           for v in found)
+            pos = body_at + stored
+        return out
+
+
+def _columns(pf, path: str, columns: datafile.Columns) -> tuple[str, str, str | None]:
+    """(image leaf, label column, stored path leaf or None) by the Arrow schema."""
+    import pyarrow as pa
+
+    schema = pf.schema_arrow
+    binary, integer, structs = [], [], {}
+    for field in schema:
+        t = field.type
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            binary.append(field.name)
+        elif pa.types.is_integer(t):
+            integer.append(field.name)
+        elif pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and pa.types.is_binary(t.field("bytes").type):
+            structs[field.name] = t.get_field_index("path") >= 0
+    image, label = datafile.choose(path, columns, binary + list(structs), integer, list(schema.names))
+    if image in structs:
+        return f"{image}.bytes", label, f"{image}.path" if structs[image] else None
+    return image, label, None
+
+
+def _class_names(pf, label: str) -> list[str] | None:
+    import json
+
+    meta = pf.schema_arrow.metadata or {}
+    try:
+        info = json.loads(meta[b"huggingface"]).get("info", {}) if b"huggingface" in meta else None
+    except ValueError:
+        info = None
+    return names_in([info], label) if info else None
+
+
+FORMAT = ParquetFormat()
