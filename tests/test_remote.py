@@ -437,9 +437,15 @@ def _wait_for(condition, what: str, seconds: float = 90) -> None:
 STORAGE_TIMEOUT = "5"  # SHARDFS_STORAGE_TIMEOUT in the outage tests (30 s by default)
 
 
-def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(
-        store, sample_tree, mount, proxy, tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+def test_a_store_that_stops_answering_holds_storage_reads_not_fuse_workers(store, sample_tree, mount, proxy,
+                                                                          tmp_path, monkeypatch):
+    """Reads waiting on a store that takes connections and never answers hold storage threads,
+    not the FUSE workers. They wait as long as the outage lasts here (a timeout and retries far
+    beyond the test), so the rest of the tree must answer while they are provably waiting."""
+    import threading
+
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "3600")
+    monkeypatch.setenv("SHARDFS_REMOTE_RETRIES", "1000")
     p = proxy(store.upstream_port())
     m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
     cached = members(tmp_path, SHARDS[0])
@@ -448,15 +454,42 @@ def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers
     _wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
     p.arm(hang=True)  # the store takes connections and never answers
     try:
-        uncached = [os.path.join(m.path, rel) for rel in members(tmp_path, SHARDS[2])[:4]]
-        threads, results = _read_in_background(uncached)
-        # While those wait on the store, cached files, listings and attributes answer.
-        for rel in cached:
-            drop_page_cache(os.path.join(m.path, rel))
-            assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
-        assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
-        assert os.stat(uncached[0]).st_size == (sample_tree / members(tmp_path, SHARDS[2])[0]).stat().st_size
-        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        names = members(tmp_path, SHARDS[2])[:4]
+        threads, results = _read_in_background([os.path.join(m.path, rel) for rel in names])
+        _wait_for(lambda: p.hung >= 1, "no read reached the store")
+
+        def rest_answers():  # cached files, listings and attributes
+            for rel in cached:
+                drop_page_cache(os.path.join(m.path, rel))
+                assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+            assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
+            assert os.stat(os.path.join(m.path, names[0])).st_size == (sample_tree / names[0]).stat().st_size
+            checked.set()
+
+        checked = threading.Event()
+        threading.Thread(target=rest_answers, daemon=True).start()
+        assert checked.wait(120), "the rest of the tree waited for the store"
+        assert all(t.is_alive() for t in threads) and not results
+    finally:
+        p.arm()  # the store answers again: the waiting reads get their bytes
+    for t in threads:
+        t.join(timeout=120)
+    assert {os.path.relpath(k, m.path): v for k, v in results.items()} == {
+        rel: (sample_tree / rel).read_bytes() for rel in names}
+
+
+def test_a_store_that_stops_answering_gives_eio_in_bounded_time_and_reads_recover(
+        store, sample_tree, mount, proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+    p = proxy(store.upstream_port())
+    m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
+    for rel in members(tmp_path, SHARDS[0]):
+        assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+    _wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
+    p.arm(hang=True)  # the store takes connections and never answers
+    try:
+        threads, results = _read_in_background([os.path.join(m.path, rel)
+                                                for rel in members(tmp_path, SHARDS[2])[:4]])
         for t in threads:
             t.join(timeout=120)
         assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results

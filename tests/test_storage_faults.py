@@ -98,35 +98,87 @@ def test_storage_that_goes_away_answers_eio_and_the_daemon_survives(faulty, moun
     assert m.stats()["read_errors"] >= 1
 
 
-def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(mount, hanging, monkeypatch):
-    """A pread on a hung mount blocks in the kernel: it must hold a storage thread, not the FUSE
-    workers, and answer EIO within SHARDFS_STORAGE_TIMEOUT. (``mount`` comes first so that
-    ``hanging`` is torn down first: blocked reads are released before shardfs unmounts.)"""
+def _read_in_background(root, names: list[str]) -> tuple[list, dict]:
+    """Read each file in a thread of its own: (the threads, name -> bytes or the OSError)."""
     import threading
 
-    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "5")
-    faulty_mnt, files, flag = hanging
-    m = mount(faulty_mnt, options=("--cache-size", "1G"))
-    assert _read(m.path, "b/only.bin") == files["b/only.bin"]  # b.tar is in the RAM cache now
-    flag.touch()  # reads of a.tar block from now on
     results: dict = {}
 
     def read(name):
         try:
-            results[name] = _read(m.path, name)
+            results[name] = _read(root, name)
         except OSError as exc:
             results[name] = exc
 
-    threads = [threading.Thread(target=read, args=(f"a/{i}.bin",), daemon=True) for i in range(4)]
+    threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in names]
     for t in threads:
         t.start()
+    return threads, results
+
+
+def _held(flag) -> int:
+    """How many reads faultyfs holds blocked now."""
     try:
-        for _ in range(3):  # the rest of the tree answers meanwhile: cached bytes, listings, attributes
-            drop_page_cache(os.path.join(m.path, "b/only.bin"))
-            assert _read(m.path, "b/only.bin") == files["b/only.bin"]
-            assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
-            assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
-        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        return int((flag.parent / f"{flag.name}.held").read_text())
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for(condition, what: str, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, monkeypatch):
+    """A pread on a hung mount blocks in the kernel: it must hold a storage thread, not the FUSE
+    workers. Storage reads here wait as long as the hang lasts (the timeout is far beyond the
+    test), so the rest of the tree must answer while they are provably held, and nothing but the
+    end of the hang can release them. (``mount`` comes first so that ``hanging`` is torn down
+    first: blocked reads are released before shardfs unmounts.)"""
+    import threading
+
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "3600")
+    faulty_mnt, files, flag = hanging
+    m = mount(faulty_mnt, options=("--cache-size", "1G"))
+    assert _read(m.path, "b/only.bin") == files["b/only.bin"]  # b.tar is in the RAM cache now
+    flag.touch()  # reads of a.tar block from now on
+    names = [f"a/{i}.bin" for i in range(4)]
+    try:
+        threads, results = _read_in_background(m.path, names)
+        _wait_for(lambda: _held(flag) >= 1, "no read reached the hung storage")
+
+        def rest_answers():  # cached bytes, listings, attributes
+            for _ in range(3):
+                drop_page_cache(os.path.join(m.path, "b/only.bin"))
+                assert _read(m.path, "b/only.bin") == files["b/only.bin"]
+                assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
+                assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
+            checked.set()
+
+        checked = threading.Event()
+        checker = threading.Thread(target=rest_answers, daemon=True)
+        checker.start()
+        assert checked.wait(120), "the rest of the tree waited for the hung reads"
+        assert _held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
+    finally:
+        flag.unlink()  # the storage answers again: the held reads get their bytes
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {n: files[n] for n in names}
+
+
+def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging, monkeypatch):
+    """The reads a hung mount holds answer EIO within SHARDFS_STORAGE_TIMEOUT, and the same files
+    are served again once it answers."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "5")
+    faulty_mnt, files, flag = hanging
+    m = mount(faulty_mnt, options=("--cache-size", "1G"))
+    assert _read(m.path, "b/only.bin") == files["b/only.bin"]
+    flag.touch()
+    try:
+        threads, results = _read_in_background(m.path, [f"a/{i}.bin" for i in range(4)])
         for t in threads:
             t.join(timeout=120)
         assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
@@ -143,7 +195,6 @@ def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recov
     stats = m.stats()
     assert stats["shards_broken"] == 0
     assert stats["cache"]["shards_cached"] == 2  # what failed in the outage was loaded again after it
-
 
 
 def _read_or_none(root, name):
