@@ -2,17 +2,15 @@
 
 import errno
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import drop_page_cache, force_unmount, needs_fuse
+from conftest import drop_page_cache, needs_fuse
+from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _faulty_storage(tmp_path, hang_while=None):
@@ -31,22 +29,8 @@ def _faulty_storage(tmp_path, hang_while=None):
     if hang_while:
         bad_start, bad_end = 0, (src / "a.tar").stat().st_size
     faulty_mnt = tmp_path / "faulty"
-    faulty_mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "faultyfs.py"), str(src), str(faulty_mnt),
-                             "a.tar", str(bad_start), str(bad_end), *([str(hang_while)] if hang_while else [])],
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(faulty_mnt):
-            assert proc.poll() is None and time.monotonic() < deadline, "faulty fs did not mount"
-            time.sleep(0.05)
+    with faulty_mount(src, faulty_mnt, "a.tar", bad_start, bad_end, hang_while) as proc:
         yield faulty_mnt, files, "a/3.bin", proc
-    finally:
-        if hang_while:
-            hang_while.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
-        force_unmount(str(faulty_mnt))
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -116,14 +100,6 @@ def _read_in_background(root, names: list[str]) -> tuple[list, dict]:
     return threads, results
 
 
-def _held(flag) -> int:
-    """How many reads faultyfs holds blocked now."""
-    try:
-        return int((flag.parent / f"{flag.name}.held").read_text())
-    except FileNotFoundError:
-        return 0
-
-
 def _wait_for(condition, what: str, seconds: float = 90) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -147,7 +123,7 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
     names = [f"a/{i}.bin" for i in range(4)]
     try:
         threads, results = _read_in_background(m.path, names)
-        _wait_for(lambda: _held(flag) >= 1, "no read reached the hung storage")
+        _wait_for(lambda: held(flag) >= 1, "no read reached the hung storage")
 
         def rest_answers():  # cached bytes, listings, attributes
             for _ in range(3):
@@ -161,7 +137,7 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
         checker = threading.Thread(target=rest_answers, daemon=True)
         checker.start()
         assert checked.wait(120), "the rest of the tree waited for the hung reads"
-        assert _held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
+        assert held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
     finally:
         flag.unlink()  # the storage answers again: the held reads get their bytes
     for t in threads:
