@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import drop_page_cache, needs_fuse
+from conftest import drop_page_cache, needs_fuse, read_in_background, wait_for
 from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
 
@@ -82,31 +82,6 @@ def test_storage_that_goes_away_answers_eio_and_the_daemon_survives(faulty, moun
     assert m.stats()["read_errors"] >= 1
 
 
-def _read_in_background(root, names: list[str]) -> tuple[list, dict]:
-    """Read each file in a thread of its own: (the threads, name -> bytes or the OSError)."""
-    import threading
-
-    results: dict = {}
-
-    def read(name):
-        try:
-            results[name] = _read(root, name)
-        except OSError as exc:
-            results[name] = exc
-
-    threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in names]
-    for t in threads:
-        t.start()
-    return threads, results
-
-
-def _wait_for(condition, what: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, monkeypatch):
     """A pread on a hung mount blocks in the kernel: it must hold a storage thread, not the FUSE
     workers. Storage reads here wait as long as the hang lasts (the timeout is far beyond the
@@ -122,8 +97,8 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
     flag.touch()  # reads of a.tar block from now on
     names = [f"a/{i}.bin" for i in range(4)]
     try:
-        threads, results = _read_in_background(m.path, names)
-        _wait_for(lambda: held(flag) >= 1, "no read reached the hung storage")
+        threads, results = read_in_background([os.path.join(m.path, n) for n in names])
+        wait_for(lambda: held(flag) >= 1, "no read reached the hung storage")
 
         def rest_answers():  # cached bytes, listings, attributes
             for _ in range(3):
@@ -142,7 +117,7 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
         flag.unlink()  # the storage answers again: the held reads get their bytes
     for t in threads:
         t.join(timeout=120)
-    assert results == {n: files[n] for n in names}
+    assert results == {os.path.join(m.path, n): files[n] for n in names}
 
 
 def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging, monkeypatch):
@@ -154,7 +129,7 @@ def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging
     assert _read(m.path, "b/only.bin") == files["b/only.bin"]
     flag.touch()
     try:
-        threads, results = _read_in_background(m.path, [f"a/{i}.bin" for i in range(4)])
+        threads, results = read_in_background([os.path.join(m.path, f"a/{i}.bin") for i in range(4)])
         for t in threads:
             t.join(timeout=120)
         assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
