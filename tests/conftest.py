@@ -6,6 +6,8 @@ import functools
 import json
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -26,6 +28,32 @@ needs_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse an
 def force_unmount(path: str, pid: int | None = None) -> None:
     """fusermount3 -u, then lazy; wait for the daemon (by pid, never by name), SIGTERM when it stays."""
     Mounted(path, pid=pid).unmount(wait=10)
+
+
+def wait_for(condition, what: str, seconds: float = 90) -> None:
+    """Until ``condition()`` holds (a state, looked at every 50 ms); fails with ``what`` after
+    ``seconds``, a bound for a broken case, not a wait that a slow machine could outrun."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def read_in_background(paths: list) -> tuple[list[threading.Thread], dict]:
+    """Read each file in a thread of its own: (the threads, path -> bytes or the OSError)."""
+    results: dict = {}
+
+    def read(path):
+        try:
+            with open(path, "rb") as f:
+                results[path] = f.read()
+        except OSError as exc:
+            results[path] = exc
+
+    threads = [threading.Thread(target=read, args=(p,), daemon=True) for p in paths]
+    for t in threads:
+        t.start()
+    return threads, results
 
 
 def drop_page_cache(path) -> None:

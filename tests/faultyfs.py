@@ -5,13 +5,15 @@
 Reads of file NAME that overlap bytes [START, END) answer EIO; everything else passes
 through. Storage that fails like a bad disk or a flaky network filesystem, for tests.
 With HANG_WHILE (a file name), those reads instead block for as long as that file exists,
-as on a hung network mount, and pass through once it is removed.
+as on a hung network mount, and pass through once it is removed; HANG_WHILE.held then says how
+many reads are blocked now (a test waits for that state, not for time to pass).
 """
 
 import errno
 import os
 import stat
 import sys
+import threading
 import time
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
@@ -23,6 +25,14 @@ class FaultyFS(fuse.Operations):
 
     def __init__(self, root: str, name: str, start: int, end: int, hang_while: str | None = None):
         self.root, self.name, self.start, self.end, self.hang_while = root, name, start, end, hang_while
+        self.held, self._lock = 0, threading.Lock()
+
+    def _hold(self, n: int) -> None:
+        with self._lock:
+            self.held += n
+            with open(f"{self.hang_while}.held.tmp", "w") as f:
+                f.write(str(self.held))
+            os.rename(f"{self.hang_while}.held.tmp", f"{self.hang_while}.held")
 
     def _real(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -43,8 +53,12 @@ class FaultyFS(fuse.Operations):
         if path.lstrip("/") == self.name and offset < self.end and offset + size > self.start:
             if self.hang_while is None:
                 raise fuse.FuseOSError(errno.EIO)
-            while os.path.exists(self.hang_while):
-                time.sleep(0.05)
+            self._hold(1)
+            try:
+                while os.path.exists(self.hang_while):
+                    time.sleep(0.05)
+            finally:
+                self._hold(-1)
         with open(self._real(path), "rb") as f:
             f.seek(offset)
             return f.read(size)

@@ -174,27 +174,28 @@ def test_shard_truncated_under_the_cache_gives_eio_never_wrong_bytes(shard_files
 
 
 def test_demanded_loads_go_before_prefetch():
-    order, gate = [], threading.Event()
+    order, taken, gate, done = [], threading.Event(), threading.Event(), threading.Event()
 
     def load(shard, priority):
-        gate.wait(5)
+        taken.set()
+        assert gate.wait(60)
         order.append(shard)
+        if len(order) == 5:
+            done.set()
 
     queue = cache_mod.LoadQueue(1, load)  # shards stand for themselves here: any hashable key works
     try:
-        queue.put(0, cache_mod.PRIORITY_PREFETCH)  # taken at once by the only worker, which waits
-        threading.Event().wait(0.1)
+        queue.put(0, cache_mod.PRIORITY_PREFETCH)
+        assert taken.wait(60)  # the only worker holds shard 0: the others queue behind it
         for s in (1, 2, 3):
             queue.put(s, cache_mod.PRIORITY_PREFETCH)
         queue.put(3, cache_mod.PRIORITY_DEMAND)
         queue.put(4, cache_mod.PRIORITY_DEMAND)
         gate.set()
-        for _ in range(100):
-            if len(order) == 5:
-                break
-            threading.Event().wait(0.02)
+        assert done.wait(60), order
         assert order == [0, 3, 4, 1, 2]
     finally:
+        gate.set()
         queue.stop()
 
 

@@ -2,26 +2,48 @@
 timeout, its place then fails at once, and recovers when the blocked call returns."""
 
 import threading
+import time
 
 import pytest
 
 from shardfs.storage import deadline
 
 
+def _stuck_place(pool, release, name: str) -> deadline.Place:
+    """A place whose call blocks (on ``release``) and times out *while it runs*. A call that times
+    out still waiting for a pool thread (a busy machine can start one later than any fixed
+    timeout) is cancelled instead and never runs: then it is tried again, on a fresh place, with
+    twice the timeout, until a call was running when its timeout expired."""
+    timeout = 0.2
+    for attempt in range(10):
+        place, started = deadline.Place(f"{name}-{attempt}"), threading.Event()
+
+        def blocked():
+            started.set()
+            release.wait()
+
+        with pytest.raises(deadline.NotAnswering):
+            pool.run(place, blocked, timeout=timeout)
+        assert place.down_since is not None
+        if place.stuck:
+            assert started.wait(60)  # it runs, blocked, holding a pool thread
+            return place
+        assert not started.is_set()  # cancelled before it ran
+        timeout *= 2
+    pytest.fail("no pool thread took a call within 200 s")
+
+
 def test_a_blocked_call_times_out_its_place_fails_fast_then_recovers():
-    pool, place = deadline.LocalPool(threads=4), deadline.Place("hung-folder")
-    release, ran = threading.Event(), []
-    with pytest.raises(deadline.NotAnswering):
-        pool.run(place, release.wait, timeout=0.2)
-    assert place.down_since is not None and place.stuck == 1
+    pool, release, ran = deadline.LocalPool(threads=4), threading.Event(), []
+    place = _stuck_place(pool, release, "hung-folder")
+    assert place.stuck == 1
     with pytest.raises(deadline.NotAnswering, match="not answering"):  # at once: fn never runs
         pool.run(place, ran.append, 1, timeout=0.2)
     assert ran == []
     assert pool.run(deadline.Place("healthy-folder"), len, b"abc") == 3  # other places are not affected
     release.set()  # the hung call returns: the place answers again
-    for _ in range(100):
-        if place.down_since is None:
-            break
+    deadline_at = time.monotonic() + 60
+    while place.down_since is not None and time.monotonic() < deadline_at:
         threading.Event().wait(0.02)
     assert place.down_since is None and place.stuck == 0
     assert pool.run(place, len, b"ab") == 2
@@ -36,13 +58,14 @@ def test_errors_are_answers_and_pass_through():
 
 def test_at_most_the_pool_size_of_threads_is_ever_stuck():
     pool, release = deadline.LocalPool(threads=2), threading.Event()
-    places = [deadline.Place(f"folder-{i}") for i in range(4)]
     try:
-        for place in places:  # each blocks; beyond two threads the calls wait in the queue and time out
+        stuck = [_stuck_place(pool, release, f"folder-{i}") for i in range(2)]  # both threads blocked
+        queued = [deadline.Place(f"folder-{i}") for i in range(2, 4)]
+        for place in queued:  # no thread left: the calls wait in the queue and time out
             with pytest.raises(deadline.NotAnswering):
                 pool.run(place, release.wait, timeout=0.2)
         assert pool._threads == 2
-        assert sum(p.stuck for p in places) == 2  # the queued ones were cancelled, not left to run later
+        assert [p.stuck for p in stuck + queued] == [1, 1, 0, 0]  # the queued ones were cancelled, not left to run later
     finally:
         release.set()
 

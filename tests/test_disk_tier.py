@@ -19,6 +19,7 @@ import time
 import pytest
 
 from conftest import needs_fuse, shardfs_cmd
+from faulty_storage import faulty_mount, held
 from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
 from shardfs.service.mount import process_alive
 from shardfs.storage.placement import is_local_disk
@@ -250,32 +251,44 @@ def test_a_full_local_disk_degrades_to_storage_with_one_log_line(shards, mount, 
 
 def test_restart_during_a_fill_resumes_and_never_trusts_half_written_chunks(tmp_path, mount):
     src = tmp_path / "shards"
-    digests = write_shards(src, seed=3, shards=1, members=12, largest=24_000_000)
+    digests = write_shards(src, seed=3, shards=1, members=12, largest=3_000_000)  # ~18 MB, 18 chunks
     total = (src / "part-00.tar").stat().st_size
-    tier = tmp_path / "tier"
-    m = mount(src, options=options(tier, SMALL_RAM))
-    name = sorted(digests)[0]
-    with open(os.path.join(m.path, name), "rb") as f:
-        assert hashlib.sha256(f.read()).hexdigest() == digests[name]
-    os.kill(m.pid, signal.SIGKILL)  # the background fill is under way
-    deadline = time.monotonic() + 10
-    while process_alive(m.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for _ in range(50):  # auto_unmount: fusermount3 cleans the mount up after the daemon died
-        if not os.path.ismount(m.path):
-            break
-        time.sleep(0.1)
-    filled = sum(c["filled"] for c in cached(tier))
-    assert filled <= total
+    tier, flag, source = tmp_path / "tier", tmp_path / "hang", tmp_path / "storage"
+    indexes = ("--index-dir", str(tmp_path / "indexes"))  # the storage is read-only
+    # The shard's second half hangs while the flag exists: the fill stops there, mid-shard,
+    # whatever the machine's speed, and the daemon is killed with the tier partly filled.
+    with faulty_mount(src, source, "part-00.tar", total // 2, total, flag):
+        shardfs_cmd("index", str(source), *indexes, check=True)  # before the hang: the scan reads it all
+        flag.touch()
+        m = mount(source, options=options(tier, SMALL_RAM, *indexes))
+        name = sorted(digests)[0]  # the first member: in the first half
+        with open(os.path.join(m.path, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digests[name]
+        deadline = time.monotonic() + 60
+        while not held(flag):  # the background fill got as far as the hung half
+            assert time.monotonic() < deadline, "the fill never reached the second half"
+            time.sleep(0.05)
+        os.kill(m.pid, signal.SIGKILL)
+        # Its thread in the hung read exits once the read returns (FUSE lets a request already
+        # taken by the server finish): the storage answers in full again from now on, and that
+        # thread dies on its way back, before it could store anything.
+        os.unlink(flag)
+        deadline = time.monotonic() + 60
+        while (process_alive(m.pid) or os.path.ismount(m.path)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # auto_unmount: fusermount3 removes the mount once the daemon is gone
+        assert not process_alive(m.pid) and not os.path.ismount(m.path)
+        filled = sum(c["filled"] for c in cached(tier))
+        assert 0 < filled <= total // 2  # killed mid-fill: only chunks before the hang are there
 
-    again = mount(src, options=options(tier, SMALL_RAM), name="again")
-    read_all(again.path, digests)
-    wait_filled(tier, total)
-    assert storage_bytes(again) <= total - filled + (2 << 20)  # resumed: what was there is not read again
-    assert shardfs_cmd("umount", again.path).returncode == 0
-    third = mount(src, options=options(tier, SMALL_RAM), name="third")
-    read_all(third.path, digests, seed=1)
-    assert storage_bytes(third) == 0
+        again = mount(source, options=options(tier, SMALL_RAM, *indexes), name="again")
+        read_all(again.path, digests)
+        wait_filled(tier, total)
+        assert storage_bytes(again) <= total - filled + (2 << 20)  # resumed: what was there is not read again
+        assert shardfs_cmd("umount", again.path).returncode == 0
+        third = mount(source, options=options(tier, SMALL_RAM, *indexes), name="third")
+        read_all(third.path, digests, seed=1)
+        assert storage_bytes(third) == 0
+        assert shardfs_cmd("umount", third.path).returncode == 0
 
 
 @pytest.mark.parametrize("kind", ["http", "s3"])

@@ -147,6 +147,55 @@ def _oom_kills(group: str) -> int:
     return 0
 
 
+HEADROOM = r"""
+import json, sys
+from shardfs.storage.memory import memory_cgroups, memory_room
+from shardfs.storage.pressure import PressureWatcher, psi_some_avg10
+from shardfs.storage.ram import ShardCache
+
+cache = ShardCache([], budget=1 << 20)
+watcher = PressureWatcher(cache)  # the real measurement: /proc/meminfo, the cgroup's files, PSI
+out = {"groups": [[g.folder, g.limit] for g in memory_cgroups()], "room": memory_room(),
+       "psi": psi_some_avg10(watcher.psi_file)}
+watcher.check()
+out["before"] = watcher.figures()["headroom_bytes"]
+held = b"\x01" * (int(sys.argv[1]) << 20)  # written, so really resident: charged to the cgroup
+watcher.check()
+out["after"] = watcher.figures()["headroom_bytes"]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0 or _memory_v1_root() is None, reason="needs root and cgroup v1 memory")
+def test_headroom_is_measured_in_a_real_memory_cgroup():
+    """The measurement the daemon relies on (no fake): in a cgroup with a 256 MiB limit, the
+    headroom is what the limit leaves, and it falls by what a process in it allocates."""
+    limit, grab = 256 * MiB, 96 * MiB
+    group = os.path.join(_memory_v1_root(), f"shardfs-headroom-{uuid.uuid4().hex[:8]}")
+    os.mkdir(group)
+    try:
+        with open(f"{group}/memory.limit_in_bytes", "w") as f:
+            f.write(str(limit))
+        done = subprocess.run(_in_cgroup(group, sys.executable, "-c", HEADROOM, str(grab >> 20)),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert [group, limit] in got["groups"]  # found by walking /proc/self/cgroup
+        room, why = got["room"]
+        assert 0 < room < limit and "cgroup limit" in why and "memory.limit_in_bytes" in why
+        assert got["before"] <= limit and got["before"] - got["after"] >= grab * 0.9
+        assert got["after"] > 0
+        assert got["psi"] is not None or not os.path.exists("/proc/pressure/memory")  # PSI read where the kernel has it
+    finally:
+        for _ in range(100):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:  # the process still leaving the cgroup
+                time.sleep(0.1)
+    assert not os.path.exists(group)
+
+
 @needs_fuse
 @pytest.mark.slow
 @pytest.mark.skipif(os.getuid() != 0 or _memory_v1_root() is None, reason="needs root and cgroup v1 memory")

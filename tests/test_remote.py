@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
+from conftest import drop_page_cache, force_unmount, needs_fuse, read_in_background, shardfs_cmd, wait_for
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -408,55 +408,62 @@ def test_a_store_down_for_longer_than_the_retries_gives_eio_then_recovers(nginx,
     assert m.stats()["shards_broken"] == 0
 
 
-def _read_in_background(paths: list[str]) -> tuple[list, dict]:
-    """Read each path in a thread of its own: (the threads, path -> bytes or the OSError)."""
-    import threading
-
-    results: dict = {}
-
-    def read(path):
-        try:
-            results[path] = _read(path)
-        except OSError as exc:
-            results[path] = exc
-
-    threads = [threading.Thread(target=read, args=(p,), daemon=True) for p in paths]
-    for t in threads:
-        t.start()
-    return threads, results
-
-
-
-def _wait_for(condition, what: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 STORAGE_TIMEOUT = "5"  # SHARDFS_STORAGE_TIMEOUT in the outage tests (30 s by default)
 
 
-def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(
-        store, sample_tree, mount, proxy, tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+def test_a_store_that_stops_answering_holds_storage_reads_not_fuse_workers(store, sample_tree, mount, proxy,
+                                                                          tmp_path, monkeypatch):
+    """Reads waiting on a store that takes connections and never answers hold storage threads,
+    not the FUSE workers. They wait as long as the outage lasts here (a timeout and retries far
+    beyond the test), so the rest of the tree must answer while they are provably waiting."""
+    import threading
+
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "3600")
+    monkeypatch.setenv("SHARDFS_REMOTE_RETRIES", "1000")
     p = proxy(store.upstream_port())
     m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
     cached = members(tmp_path, SHARDS[0])
     for rel in cached:
         assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
-    _wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
+    wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
     p.arm(hang=True)  # the store takes connections and never answers
     try:
-        uncached = [os.path.join(m.path, rel) for rel in members(tmp_path, SHARDS[2])[:4]]
-        threads, results = _read_in_background(uncached)
-        # While those wait on the store, cached files, listings and attributes answer.
-        for rel in cached:
-            drop_page_cache(os.path.join(m.path, rel))
-            assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
-        assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
-        assert os.stat(uncached[0]).st_size == (sample_tree / members(tmp_path, SHARDS[2])[0]).stat().st_size
-        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        names = members(tmp_path, SHARDS[2])[:4]
+        threads, results = read_in_background([os.path.join(m.path, rel) for rel in names])
+        wait_for(lambda: p.hung >= 1, "no read reached the store")
+
+        def rest_answers():  # cached files, listings and attributes
+            for rel in cached:
+                drop_page_cache(os.path.join(m.path, rel))
+                assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+            assert sorted(os.listdir(os.path.join(m.path, "train"))) == sorted(os.listdir(sample_tree / "train"))
+            assert os.stat(os.path.join(m.path, names[0])).st_size == (sample_tree / names[0]).stat().st_size
+            checked.set()
+
+        checked = threading.Event()
+        threading.Thread(target=rest_answers, daemon=True).start()
+        assert checked.wait(120), "the rest of the tree waited for the store"
+        assert all(t.is_alive() for t in threads) and not results
+    finally:
+        p.arm()  # the store answers again: the waiting reads get their bytes
+    for t in threads:
+        t.join(timeout=120)
+    assert {os.path.relpath(k, m.path): v for k, v in results.items()} == {
+        rel: (sample_tree / rel).read_bytes() for rel in names}
+
+
+def test_a_store_that_stops_answering_gives_eio_in_bounded_time_and_reads_recover(
+        store, sample_tree, mount, proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", STORAGE_TIMEOUT)
+    p = proxy(store.upstream_port())
+    m = mount(store.source(p.port), options=(*store.options(p.port), "--cache-size", "1G"))
+    for rel in members(tmp_path, SHARDS[0]):
+        assert digest(os.path.join(m.path, rel)) == digest(sample_tree / rel)
+    wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
+    p.arm(hang=True)  # the store takes connections and never answers
+    try:
+        threads, results = read_in_background([os.path.join(m.path, rel)
+                                                for rel in members(tmp_path, SHARDS[2])[:4]])
         for t in threads:
             t.join(timeout=120)
         assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
@@ -465,7 +472,7 @@ def test_a_store_that_stops_answering_gives_eio_in_bounded_time_the_rest_answers
     finally:
         p.arm()  # the store answers again
     rel = members(tmp_path, SHARDS[2])[0]
-    _wait_for(lambda: _read_or_none(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes(),
+    wait_for(lambda: _read_or_none(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes(),
               "reads did not recover")
     assert tree_digests(m.path) == tree_digests(sample_tree)
     assert "answers again" in m.log()
@@ -495,15 +502,15 @@ def test_a_rescan_during_an_outage_leaves_every_shard_intact(store, sample_tree,
                 _read(uncached)
         os.kill(m.pid, signal.SIGHUP)
         postponed += 1
-        _wait_for(lambda: m.log().count("still serving the previous view") >= postponed, "no rescan happened")
+        wait_for(lambda: m.log().count("still serving the previous view") >= postponed, "no rescan happened")
         stats = m.stats()
         assert stats["shards"] == 4 and stats["shards_broken"] == 0
         p.arm()
     # Once a probe finds the store answering again (within seconds), the same files, right bytes.
-    _wait_for(lambda: _read_or_none(uncached) is not None, "reads did not recover")
+    wait_for(lambda: _read_or_none(uncached) is not None, "reads did not recover")
     assert tree_digests(m.path) == tree_digests(sample_tree)
     os.kill(m.pid, signal.SIGHUP)  # and a rescan with the store back finds nothing changed
-    _wait_for(lambda: "rescan: " in m.log(), "no rescan happened")
+    wait_for(lambda: "rescan: " in m.log(), "no rescan happened")
     assert m.stats()["shards_broken"] == 0
 
 

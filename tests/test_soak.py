@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
+import soak  # tools/soak.py: tools/ is on the tests' path (pyproject.toml)
 from conftest import needs_fuse
 from shardfs.service.daemon import MAX_THREADS
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import soak  # noqa: E402
 
 OTHER_THREADS = 8  # main, signals, notifier, cache loaders: never more than a handful
 

@@ -2,17 +2,15 @@
 
 import errno
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import drop_page_cache, force_unmount, needs_fuse
+from conftest import drop_page_cache, needs_fuse, read_in_background, wait_for
+from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _faulty_storage(tmp_path, hang_while=None):
@@ -31,22 +29,8 @@ def _faulty_storage(tmp_path, hang_while=None):
     if hang_while:
         bad_start, bad_end = 0, (src / "a.tar").stat().st_size
     faulty_mnt = tmp_path / "faulty"
-    faulty_mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "faultyfs.py"), str(src), str(faulty_mnt),
-                             "a.tar", str(bad_start), str(bad_end), *([str(hang_while)] if hang_while else [])],
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(faulty_mnt):
-            assert proc.poll() is None and time.monotonic() < deadline, "faulty fs did not mount"
-            time.sleep(0.05)
+    with faulty_mount(src, faulty_mnt, "a.tar", bad_start, bad_end, hang_while) as proc:
         yield faulty_mnt, files, "a/3.bin", proc
-    finally:
-        if hang_while:
-            hang_while.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
-        force_unmount(str(faulty_mnt))
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -98,35 +82,54 @@ def test_storage_that_goes_away_answers_eio_and_the_daemon_survives(faulty, moun
     assert m.stats()["read_errors"] >= 1
 
 
-def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recover(mount, hanging, monkeypatch):
+def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, monkeypatch):
     """A pread on a hung mount blocks in the kernel: it must hold a storage thread, not the FUSE
-    workers, and answer EIO within SHARDFS_STORAGE_TIMEOUT. (``mount`` comes first so that
-    ``hanging`` is torn down first: blocked reads are released before shardfs unmounts.)"""
+    workers. Storage reads here wait as long as the hang lasts (the timeout is far beyond the
+    test), so the rest of the tree must answer while they are provably held, and nothing but the
+    end of the hang can release them. (``mount`` comes first so that ``hanging`` is torn down
+    first: blocked reads are released before shardfs unmounts.)"""
     import threading
 
-    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "5")
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "3600")
     faulty_mnt, files, flag = hanging
     m = mount(faulty_mnt, options=("--cache-size", "1G"))
     assert _read(m.path, "b/only.bin") == files["b/only.bin"]  # b.tar is in the RAM cache now
     flag.touch()  # reads of a.tar block from now on
-    results: dict = {}
-
-    def read(name):
-        try:
-            results[name] = _read(m.path, name)
-        except OSError as exc:
-            results[name] = exc
-
-    threads = [threading.Thread(target=read, args=(f"a/{i}.bin",), daemon=True) for i in range(4)]
-    for t in threads:
-        t.start()
+    names = [f"a/{i}.bin" for i in range(4)]
     try:
-        for _ in range(3):  # the rest of the tree answers meanwhile: cached bytes, listings, attributes
-            drop_page_cache(os.path.join(m.path, "b/only.bin"))
-            assert _read(m.path, "b/only.bin") == files["b/only.bin"]
-            assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
-            assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
-        assert any(t.is_alive() for t in threads)  # the checks above did not wait for them
+        threads, results = read_in_background([os.path.join(m.path, n) for n in names])
+        wait_for(lambda: held(flag) >= 1, "no read reached the hung storage")
+
+        def rest_answers():  # cached bytes, listings, attributes
+            for _ in range(3):
+                drop_page_cache(os.path.join(m.path, "b/only.bin"))
+                assert _read(m.path, "b/only.bin") == files["b/only.bin"]
+                assert sorted(os.listdir(os.path.join(m.path, "a"))) == [f"{i}.bin" for i in range(10)]
+                assert os.stat(os.path.join(m.path, "a/9.bin")).st_size == 100_000
+            checked.set()
+
+        checked = threading.Event()
+        checker = threading.Thread(target=rest_answers, daemon=True)
+        checker.start()
+        assert checked.wait(120), "the rest of the tree waited for the hung reads"
+        assert held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
+    finally:
+        flag.unlink()  # the storage answers again: the held reads get their bytes
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {os.path.join(m.path, n): files[n] for n in names}
+
+
+def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging, monkeypatch):
+    """The reads a hung mount holds answer EIO within SHARDFS_STORAGE_TIMEOUT, and the same files
+    are served again once it answers."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "5")
+    faulty_mnt, files, flag = hanging
+    m = mount(faulty_mnt, options=("--cache-size", "1G"))
+    assert _read(m.path, "b/only.bin") == files["b/only.bin"]
+    flag.touch()
+    try:
+        threads, results = read_in_background([os.path.join(m.path, f"a/{i}.bin") for i in range(4)])
         for t in threads:
             t.join(timeout=120)
         assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
@@ -143,7 +146,6 @@ def test_a_hung_mount_gives_eio_in_bounded_time_the_rest_answers_and_reads_recov
     stats = m.stats()
     assert stats["shards_broken"] == 0
     assert stats["cache"]["shards_cached"] == 2  # what failed in the outage was loaded again after it
-
 
 
 def _read_or_none(root, name):

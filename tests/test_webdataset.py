@@ -362,7 +362,13 @@ def test_layout_options_from_toml_fstab_and_command_line(tmp_path):
     apply_options(fstab, f"ro,layout=imagefolder,class_names={names}")
     check(fstab)
     assert (fstab.layout, fstab.class_names) == ("imagefolder", str(names))
-    assert shardfs_cmd("ls", "/nonexistent", "--layout", "imagefolder", "--class-names", str(tmp_path / "none")).returncode
+    # A readable shard, so that only the class names can be what the command refuses.
+    shard = tmp_path / "s.tar"
+    write_tar(str(shard), [("a.jpg", b"A"), ("a.cls", b"0")])
+    assert shardfs_cmd("ls", str(shard), "--layout", "imagefolder", "--class-names", str(names)).returncode == 0
+    done = shardfs_cmd("ls", str(shard), "--layout", "imagefolder", "--class-names", str(tmp_path / "none"))
+    assert done.returncode == 2
+    assert f"{tmp_path / 'none'}: cannot read" in done.stderr
 
 
 @needs_fuse

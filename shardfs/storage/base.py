@@ -38,7 +38,7 @@ class ShardIOError(ShardfsError, OSError):
 
 
 class Shard:
-    """One shard's bytes. Subclasses implement ``_pread`` and may speed up ``read_into``."""
+    """One shard's bytes. Subclasses implement ``_pread`` and may speed up ``read_at``."""
 
     remote = False
     window = 64 * 1024  # how much a sequential scan reads at once (larger for remote objects)
@@ -63,7 +63,13 @@ class Shard:
     def read_into(self, buf: memoryview, offset: int, length: int) -> None:
         """Fill ``buf[offset:offset+length]`` with the shard's bytes there, or ShardIOError.
         ``buf`` holds the whole shard (the RAM cache's buffer of it)."""
-        buf[offset : offset + length] = self.pread(offset, length)
+        self.read_at(buf[offset:], offset, length)
+
+    def read_at(self, buf: memoryview, offset: int, length: int) -> None:
+        """Fill ``buf[:length]`` with the shard's bytes at ``offset``, or ShardIOError. Kinds that
+        can read straight into memory do (a page-aligned ``buf`` with room for whole pages lets a
+        local file be read with O_DIRECT)."""
+        buf[:length] = self.pread(offset, length)
 
     def _pread(self, offset: int, length: int) -> bytes:
         raise NotImplementedError

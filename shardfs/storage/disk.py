@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.buffers import BufferPool
 from shardfs.storage.memory import parse_size
 from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, fits, identity, logical_size,
                                       prepare_dir, remove_if_unused)
@@ -90,6 +91,7 @@ class DiskTier:
                             checksum_failures=0,
                             shards_added=0, shards_evicted=0, shards_refused=0)
         self._fills = ThreadPoolExecutor(loaders, thread_name_prefix="shardfs-disk")
+        self._staging = BufferPool(FILL_RUN * CHUNK, keep=loaders + 2)  # storage reads on their way to disk
 
     # ---- the read path (called by the RAM cache) -------------------------------------------
 
@@ -129,8 +131,7 @@ class DiskTier:
                 if piece is not None:
                     pieces.append(piece)
                     continue
-            data = self._fetch_chunks(shard, entry, chunk, 1)
-            pieces.append(memoryview(data)[lo - start : hi - start])
+            pieces.append(self._fetch_chunks(shard, entry, chunk, 1, lo, hi))
         return b"".join(pieces)
 
     def _storage(self, read, *args):
@@ -216,16 +217,19 @@ class DiskTier:
             raise
         self._store(entry, run, buf[start:end])
 
-    def _fetch_chunks(self, shard: Shard, entry: Entry, first: int, count: int) -> bytes:
+    def _fetch_chunks(self, shard: Shard, entry: Entry, first: int, count: int, lo: int = 0, hi: int = 0) -> bytes:
+        """Read claimed chunks from storage in one request and store them; returns the shard's
+        bytes lo..hi (within them). The request lands in a buffer on huge pages (see buffers)."""
         start = first * CHUNK
-        try:
-            data = self._storage(shard.pread, start, min(count * CHUNK, shard.size - start))
-        except BaseException:
-            self._release(entry, range(first, first + count))
-            raise
-        shard.forget(start, len(data))
-        self._store(entry, range(first, first + count), memoryview(data))
-        return data
+        length = min(count * CHUNK, shard.size - start)
+        with self._staging.buffer() as buf:
+            try:
+                self._storage(shard.read_at, buf, start, length)
+            except BaseException:
+                self._release(entry, range(first, first + count))
+                raise
+            self._store(entry, range(first, first + count), buf[:length])
+            return bytes(buf[lo - start : hi - start]) if hi > lo else b""
 
     def _store(self, entry: Entry, chunks, data: memoryview) -> None:
         """Write claimed chunks (their bytes in ``data``, from the first one's start) and mark them valid."""
@@ -397,6 +401,7 @@ class DiskTier:
     def close(self) -> None:
         self._closed = True
         self._fills.shutdown(wait=True, cancel_futures=True)
+        self._staging.close()
         with self._lock:
             for shard, entry in self.entries.items():
                 if entry is not None:

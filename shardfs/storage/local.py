@@ -103,26 +103,27 @@ class LocalShard(Shard):
             raise self.mark_broken(f"short read at offset {offset} (truncated since its index was built?)")
         return data
 
-    def read_into(self, buf: memoryview, offset: int, length: int) -> None:
-        """As Shard.read_into, without a copy: ``buf`` is page-aligned and ``offset`` a multiple of
-        the page size, so the read bypasses the page cache (O_DIRECT), which saves a copy and keeps
-        the node from holding the bytes twice. Where the filesystem refuses O_DIRECT, an ordinary
-        read whose pages are dropped afterwards does the same job."""
+    def read_at(self, buf: memoryview, offset: int, length: int) -> None:
+        """As Shard.read_at, without a copy: ``buf`` is page-aligned (with room for whole pages)
+        and ``offset`` a multiple of the page size, so the read bypasses the page cache
+        (O_DIRECT), which saves a copy and keeps the node from holding the bytes twice. Where the
+        filesystem refuses O_DIRECT, an ordinary read whose pages are dropped afterwards does the
+        same job."""
         if self.broken:
             raise ShardIOError(self.broken, unavailable=True, permanent=True)
-        self._bounded(offset, self._read_into_now, buf, offset, length)
+        self._bounded(offset, self._read_at_now, buf, offset, length)
 
-    def _read_into_now(self, buf: memoryview, offset: int, length: int) -> None:
+    def _read_at_now(self, buf: memoryview, offset: int, length: int) -> None:
         fd = self.fd()
         self._check_unchanged(fd)
         direct = self._direct_fd() if offset % PAGE == 0 else None
         want = -(-length // PAGE) * PAGE if direct is not None else length  # whole pages; EOF cuts it
         try:
-            got = os.preadv(direct if direct is not None else fd, [buf[offset : offset + want]], offset)
+            got = os.preadv(direct if direct is not None else fd, [buf[:want]], offset)
         except OSError as exc:
             if direct is not None and exc.errno == errno.EINVAL:  # O_DIRECT not supported after all
                 self._no_direct = True
-                return self._read_into_now(buf, offset, length)
+                return self._read_at_now(buf, offset, length)
             raise self.read_failed(offset, exc.strerror) from None
         if got < length:
             raise self.mark_broken(f"short read at offset {offset} (truncated since its index was built?)")

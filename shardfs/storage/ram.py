@@ -36,7 +36,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from shardfs.errors import ShardfsError
-from shardfs.storage import deadline
+from shardfs.storage import buffers, deadline
 from shardfs.storage.base import Shard, ShardIOError
 
 if TYPE_CHECKING:
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 # 8 missing chunks per request (large sequential reads for the storage).
 CHUNK = 1 << 20
 LOAD_RUN = 8
-PAGE = mmap.PAGESIZE
 MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
 # Whoever reads a chunk gets an answer within deadline.TIMEOUT; a reader waiting for it gives up
 # after twice that (a safety net: EIO instead of holding a FUSE worker near the watchdog).
@@ -84,8 +83,9 @@ class Resident:
     def __init__(self, shard: Shard):
         self.shard = shard
         self.size = shard.size
-        # Rounded up to whole pages so that O_DIRECT reads of the last chunk fit (see Shard.read_into).
-        self.buf = mmap.mmap(-1, max(-(-self.size // PAGE) * PAGE, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Whole pages, so that O_DIRECT reads of the last chunk fit (see Shard.read_at); huge ones
+        # where the kernel gives them, so that those reads reach storage as large requests.
+        self.buf = buffers.anonymous(self.size)
         nchunks = (self.size + CHUNK - 1) // CHUNK
         self.state = bytearray(nchunks)
         self.missing = nchunks

@@ -43,7 +43,7 @@ class RemoteShard(Shard):
                 raise self.mark_broken(exc.strerror) from None
             raise self.read_failed(offset, exc.strerror, unavailable=True) from None
 
-    def read_into(self, buf: memoryview, offset: int, length: int) -> None:
+    def read_at(self, buf: memoryview, offset: int, length: int) -> None:
         if self.broken:
             self.pread(offset, length)  # raises
-        self._pread(offset, length, buf[offset : offset + length])  # the body goes straight into the cache
+        self._pread(offset, length, buf[:length])  # the body goes straight into the cache
