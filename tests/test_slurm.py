@@ -68,7 +68,7 @@ def readme_job_script() -> str:
     return block.group(1)
 
 
-def _world_readable(top: str) -> None:
+def world_readable(top: str) -> None:
     for dirpath, dirs, files in os.walk(top):
         for name in dirs + files:
             path = os.path.join(dirpath, name)
@@ -93,7 +93,7 @@ def cluster():
         assert done.returncode == 0, done.stderr
         os.mkdir(os.path.join(top, "home"))
         os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
-        _world_readable(top)
+        world_readable(top)
         yield c
     finally:
         c.stop()
@@ -136,11 +136,13 @@ def json_lines(text: str) -> list[dict]:
 
 
 def leftovers(cluster: SlurmCluster, mountpoint: str | None = None) -> dict:
-    """What a finished job may have left on the node: shardfs mounts, nobody's shardfs processes, the mountpoint."""
+    """What a finished job may have left on its nodes: shardfs mounts, nobody's shardfs processes,
+    the mountpoint (on any node: each node of several has its own /tmp)."""
     return {
         "mounts": cluster.job_mounts(),
         "processes": [p for p in cluster.processes_of(NOBODY) if "shardfs" in p and cluster.top in p],
-        "mountpoint": bool(mountpoint) and os.path.lexists(mountpoint),
+        "mountpoint": bool(mountpoint) and any(os.path.lexists(cluster.node_path(n.name, mountpoint))
+                                               for n in cluster.nodes),
     }
 
 
@@ -244,7 +246,7 @@ def big_shards(cluster):
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
                 digests[name] = hashlib.sha256(data).hexdigest()
-    _world_readable(out)
+    world_readable(out)
     return out, digests
 
 
