@@ -38,14 +38,14 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
 import bench_dataset
+from benchlib import capped, machine
 from benchlib.caches import drop_caches
+from benchlib.capped import ReadCap, device_read_bytes, run, shard_files
 from benchlib.cli import REPO, shardfs
-from benchlib import machine
 from benchlib.machine import Others, proc_status
 from benchlib.mounts import Mounts
 from benchlib.readers import read_all, timed_listing
@@ -55,87 +55,10 @@ from shardfs.storage.memory import parse_size
 
 MARKER_VERSION = 1
 JPEG_BYTES = 110_000  # ImageNet train mean
-BLKIO = "/sys/fs/cgroup/blkio"
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run a command; raise with its stderr when it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-    return done
-
-
-def undo(cmd: list[str]) -> None:
-    """A clean-up step: say so when it fails, carry on with the others."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"WARNING: `{' '.join(cmd)}` failed: {done.stderr.strip()}", file=sys.stderr)
-
-
-def write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-# ---------------------------------------------------------------------------------------------
-# shared storage: a loop-mounted ext4 image, its reads capped by a blkio cgroup
-
-
-def attach_image(image: str, mountpoint: str, stack: contextlib.ExitStack) -> str:
-    """losetup + mount; undone by `stack`. Direct I/O on the backing file, so the image's reads
-    are not served a second time from the host file's page cache."""
-    dev = run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip()
-    stack.callback(undo, ["losetup", "-d", dev])
-    os.makedirs(mountpoint, exist_ok=True)
-    run(["mount", dev, mountpoint])
-    stack.callback(undo, ["umount", mountpoint])
-    return dev
-
-
-def device_read_bytes(dev: str) -> int:
-    with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
-        return int(f.read().split()[2]) * 512
-
-
-class ReadCap:
-    """A blkio cgroup capping reads from one device; this process (and so its children) in it."""
-
-    def __init__(self, dev: str, iops: int, bps: int):
-        rdev = os.stat(dev).st_rdev
-        self.majmin = f"{os.major(rdev)}:{os.minor(rdev)}"
-        self.path = os.path.join(BLKIO, f"shardfs-bench-tier-{os.getpid()}")
-        os.mkdir(self.path)
-        write(os.path.join(self.path, "blkio.throttle.read_iops_device"), f"{self.majmin} {iops}")
-        write(os.path.join(self.path, "blkio.throttle.read_bps_device"), f"{self.majmin} {bps}")
-        write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
-
-    def holds(self, pid: int) -> bool:
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            return str(pid) in f.read().split()
-
-    def close(self) -> None:
-        write(os.path.join(BLKIO, "cgroup.procs"), str(os.getpid()))
-        for _ in range(50):  # exited children leave the group a moment later
-            try:
-                os.rmdir(self.path)
-                return
-            except OSError:
-                time.sleep(0.1)
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            print(f"WARNING: cgroup {self.path} still holds {f.read().split()}: left in place", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
 # the dataset: JPEGs (src/train/<class>/) and tar shards (shards/) on the shared storage
-
-
-def make_image(path: str, size: int) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-    with open(path, "wb") as f:
-        f.truncate(size)
-    run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", path])
 
 
 def fill_dataset(args, shared: str) -> dict:
@@ -149,33 +72,10 @@ def fill_dataset(args, shared: str) -> dict:
 
 def dataset(args, work: str, stack: contextlib.ExitStack) -> tuple[str, str, dict]:
     """The shared storage, attached, with its dataset (made when marker.json does not match)."""
-    image, shared = os.path.join(work, "shared.img"), os.path.join(work, "shared")
-    marker_path = os.path.join(work, "marker.json")
     want = {"version": MARKER_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
             "side": args.side, "shard_size": args.shard_size}
-    try:
-        with open(marker_path) as f:
-            marker = json.load(f)
-    except (OSError, ValueError):
-        marker = {}
-    reuse = marker.get("params") == want and os.path.exists(image) and not args.rebuild
-    if not reuse:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(marker_path)
-        make_image(image, int(args.dataset_size * 2.4) + (256 << 20))
-    dev = attach_image(image, shared, stack)
-    if reuse:
-        print(f"dataset: reusing {image} ({marker['files']} JPEGs)")
-        return shared, dev, marker
-    marker = {"params": want, **fill_dataset(args, shared)}
-    with open(marker_path, "w") as f:
-        json.dump(marker, f, indent=1)
-    return shared, dev, marker
-
-
-def shard_files(shared: str) -> list[str]:
-    top = os.path.join(shared, "shards")
-    return sorted(os.path.join(top, n) for n in os.listdir(top) if n.endswith(".tar"))
+    return capped.dataset(work, want, int(args.dataset_size * 2.4) + (256 << 20),
+                          lambda shared: fill_dataset(args, shared), args.rebuild, stack)
 
 
 def index_bytes(shared: str) -> int:
@@ -440,7 +340,7 @@ def main() -> int:
         ctx.index_bytes = index_bytes(ctx.shared)
         print(f"indexes ready ({time.perf_counter() - t0:.1f} s, {ctx.index_bytes / 1e6:.1f} MB)", flush=True)
 
-        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps)
+        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps, "bench-tier")
         rounds = []
         try:
             for r in range(args.rounds):

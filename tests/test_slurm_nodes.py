@@ -1,0 +1,178 @@
+"""The README's job script with --nodes=2 under a real two-node Slurm on this machine.
+
+slurmctld and two slurmd, each node in its own network and UTS namespace with its own host name,
+address, /etc/hosts and /tmp (tests/slurmcluster.py). Jobs run as `nobody` with a home shared by
+both nodes, as users' jobs do. `shardfs run` on each node finds the job's other node in
+SLURM_JOB_NODELIST and the two daemons serve each other the shards they own, so shared storage is
+read about once for the job, not once per node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from benchlib import sample
+from benchlib.cli import REPO
+from conftest import needs_fuse
+from slurmcluster import PYTHON, SlurmCluster, missing_parts
+from test_slurm import (NOBODY, SHARDS_LINE, job_folder, json_lines, output, readme_job_script, sbatch,
+                        wait_until_clean, world_readable)
+
+pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]
+# The README's script asks for 2 GPU nodes of 32 cores; each node here has 2 cores and no GPU.
+TWO_NODES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=2", "--mem=3G", "--time=10"]
+CLASSES, PER_CLASS, SIDE, SHARDS = 3, 16, 48, 4
+
+# A real (small) distributed training: torchrun's rendezvous across the two nodes, gloo, DDP, each
+# node reading its DistributedSampler part of the ImageFolder for two epochs. Then each node hashes
+# the bytes of its part, waits for the other (no peer fetch happens after the barrier) and prints
+# its daemon's figures.
+TRAIN_PY = '''
+import argparse, hashlib, json, os, socket, subprocess, sys
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+from torchvision import datasets, transforms
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data")
+args = parser.parse_args()
+dist.init_process_group("gloo")
+train = datasets.ImageFolder(args.data, transform=transforms.ToTensor())
+sampler = DistributedSampler(train, shuffle=True, seed=0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3 * 48 * 48, len(train.classes)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+seen = 0
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for images, labels in DataLoader(train, batch_size=4, sampler=sampler, num_workers=2):
+        loss = torch.nn.functional.cross_entropy(model(images.flatten(1)), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seen += len(labels)
+digests = {}
+for i in sampler:
+    path = train.samples[i][0]
+    with open(path, "rb") as f:
+        digests[os.path.relpath(path, args.data)] = hashlib.sha256(f.read()).hexdigest()
+dist.barrier()
+stats = subprocess.run([sys.executable, "-m", "shardfs", "stats", "--json", os.path.dirname(args.data)],
+                       capture_output=True, text=True, check=True).stdout
+print(json.dumps({"host": socket.gethostname(), "rank": dist.get_rank(), "world": dist.get_world_size(),
+                  "data": args.data, "seen": seen, "loss": loss.item(), "digests": digests,
+                  "stats": json.loads(stats)}), flush=True)
+dist.destroy_process_group()
+'''
+
+HOLD_PY = '''
+import argparse, os, socket, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--data")
+args = parser.parse_args()
+print("ready", socket.gethostname(), len(os.listdir(args.data)), flush=True)
+time.sleep(600)
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running two-node Slurm plus a world-readable area: shards, a home for nobody shared by the
+    nodes, job folders; the sha256 of every source file (`cluster.digests`)."""
+    reason = missing_parts(nodes=2)
+    if reason:
+        pytest.skip(f"no two-node Slurm here: {reason}")
+    top = tempfile.mkdtemp(prefix="shardfs-slurm2-", dir="/var/tmp")  # each node has its own /tmp
+    os.chmod(top, 0o755)
+    c = SlurmCluster(top, nodes=2)
+    try:
+        started = time.monotonic()
+        c.start()
+        c.start_seconds = time.monotonic() - started
+        src = os.path.join(top, "src")
+        train = sample.make_imagefolder(src, classes=CLASSES, per_class=PER_CLASS, side=SIDE)
+        sample.pack_tar_round_robin(src, os.path.join(top, "shards"), shards=SHARDS)
+        c.digests = {}
+        for rel in sample.files_under(train):
+            with open(os.path.join(train, rel), "rb") as f:
+                c.digests[rel] = hashlib.sha256(f.read()).hexdigest()
+        done = subprocess.run([PYTHON, "-m", "shardfs", "index", os.path.join(top, "shards")], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": REPO})  # as a data owner would
+        assert done.returncode == 0, done.stderr
+        os.mkdir(os.path.join(top, "home"))
+        os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
+        world_readable(top)
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def readme_job(cluster: SlurmCluster, name: str, train_py: str) -> str:
+    script = readme_job_script()
+    shards = os.path.join(cluster.top, "shards")
+    return job_folder(cluster, name, {"job.sh": script.replace(SHARDS_LINE, f"SHARDS={shards}"), "train.py": train_py})
+
+
+def shard_bytes(cluster: SlurmCluster) -> int:
+    shards = os.path.join(cluster.top, "shards")
+    return sum(os.path.getsize(os.path.join(shards, n)) for n in os.listdir(shards) if n.endswith(".tar"))
+
+
+def test_readme_job_script_trains_on_two_nodes_reading_storage_once(cluster):
+    folder = readme_job(cluster, "readme2", TRAIN_PY)
+    started = time.monotonic()
+    job, code = sbatch(cluster, folder, "--wait", *TWO_NODES)
+    seconds = time.monotonic() - started
+    out = output(folder)
+    assert code == 0, f"job {job} failed:\n{out}\n{cluster.logs()}"
+    results = sorted(json_lines(out), key=lambda r: r["rank"])
+    assert [(r["host"], r["rank"], r["world"]) for r in results] == [(n.name, i, 2) for i, n in enumerate(cluster.nodes)]
+    files = CLASSES * PER_CLASS
+    for r in results:
+        assert r["data"] == f"/tmp/shardfs-{job}/train"
+        assert r["seen"] == 2 * files // 2  # two epochs of its half
+        assert len(r["digests"]) == files // 2
+        assert all(cluster.digests[path] == digest for path, digest in r["digests"].items())
+    assert set(results[0]["digests"]) | set(results[1]["digests"]) == set(cluster.digests)  # together: all
+    peers = [r["stats"]["peers"] for r in results]
+    assert [(p["peers_up"], p["peers_down"]) for p in peers] == [(2, 0), (2, 0)]  # found each other via Slurm
+    storage = [p["storage_bytes_read"] for p in peers]  # bytes from shared storage (not from the other node)
+    peer_bytes = [p["bytes_from_peers"] for p in peers]
+    total = shard_bytes(cluster)
+    # Each node alone would read every shard (its half of the files lies in all of them): 2x.
+    assert 0.9 * total <= sum(storage) <= 1.1 * total, (storage, total)
+    assert all(b > 0 for b in peer_bytes) and all(s > 0 for s in storage), (storage, peer_bytes)
+    assert wait_until_clean(cluster, f"/tmp/shardfs-{job}") == {"mounts": [], "processes": [], "mountpoint": False}
+    print(f"two-node cluster start {cluster.start_seconds:.1f} s; README job on 2 nodes: sbatch --wait {seconds:.1f} s, "
+          f"ran {cluster.job_seconds(job)} s; storage {storage} of {total} shard bytes, from peers {peer_bytes}")
+
+
+def test_scancel_leaves_nothing_on_either_node(cluster):
+    folder = readme_job(cluster, "scancel2", HOLD_PY)
+    job, code = sbatch(cluster, folder, *TWO_NODES)
+    assert code == 0
+    mountpoint = f"/tmp/shardfs-{job}"
+    deadline = time.monotonic() + 300
+    while output(folder).count("ready") < 2:
+        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
+            f"job {job} never got ready on both nodes:\n{output(folder)}\n{cluster.logs()}"
+        time.sleep(0.3)
+    ready = sorted(line for line in output(folder).splitlines() if line.startswith("ready"))
+    assert ready == [f"ready {n.name} {CLASSES}" for n in cluster.nodes]  # the class folders, through each mount
+    for n in cluster.nodes:
+        assert cluster.job_mounts(n.name) == [mountpoint]  # each node's own mount, on its own /tmp
+    done = cluster.slurm("scancel", job, user="nobody")
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 120
+    while cluster.job_state(job):
+        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
+        time.sleep(0.3)
+    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
