@@ -71,6 +71,12 @@ def _apply_command_line(cfg, args):
             setattr(cfg, key, getattr(args, key))
     if args.no_auto_unmount:
         cfg.auto_unmount = False
+    if args.peers is not None:
+        from shardfs.storage.peers.addresses import parse_list
+
+        cfg.peers = parse_list(args.peers)
+    if args.peer_self is not None:
+        cfg.peer_self = args.peer_self
     from shardfs.storage.remote import configure, options_from_env, parse_option
 
     # From a `shardfs mount` or `shardfs run` that started us (never on our command line).
@@ -150,7 +156,12 @@ def cmd_run(args) -> int:
     from shardfs.service.config import MountConfig
 
     sources, mountpoint = _run_sources_and_mountpoint(args.paths, args.mountpoint)
-    cfg = _apply_command_line(MountConfig(sources=sources, mountpoint=mountpoint or ""), args)
+    cfg = MountConfig(sources=sources, mountpoint=mountpoint or "")
+    if args.peers is None and not any(opt.startswith("peers=") for text in args.o or [] for opt in text.split(",")):
+        from shardfs.service.jobpeers import slurm_peers
+
+        cfg.peers, cfg.peer_self = slurm_peers()
+    cfg = _apply_command_line(cfg, args)
     if cfg.disk_cache is None and in_batch_job():
         from shardfs.storage.placement import job_scratch_tier
 
@@ -160,7 +171,7 @@ def cmd_run(args) -> int:
                "index_dir": cfg.index_dir, "workers": cfg.workers, "log_file": cfg.log_file,
                "allow_other": cfg.allow_other, "auto_unmount": cfg.auto_unmount, "layout": cfg.layout,
                "class_names": cfg.class_names and os.path.abspath(cfg.class_names),
-               "storage_options": cfg.storage_options}
+               "storage_options": cfg.storage_options, "peers": cfg.peers, "peer_self": cfg.peer_self}
     try:
         return run(sources, mountpoint, args.command, options)
     except MountError as exc:
@@ -383,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "local scratch, the systemd unit its CacheDirectory")
     m.add_argument("--disk-cache-size", metavar="SIZE",
                    help="bound of the disk tier: 800G, or a share of the free space in DIR like 80%% (default 80%%)")
+    m.add_argument("--peers", metavar="HOST:PORT,...",
+                   help="the nodes that serve shards to each other (one owner per shard reads shared storage), "
+                        "or @FILE (one per line), or 'off'. Default: none; `shardfs run` in a Slurm job with "
+                        "more than one node uses the job's nodes, port 10000 + job id %% 10000")
+    m.add_argument("--peer-self", metavar="HOST:PORT",
+                   help="this node's entry in --peers (default: the one whose host is this machine's name "
+                        "or one of its addresses); the peer server listens there only")
     m.add_argument("--metrics-dir", metavar="DIR",
                    help="write Prometheus metrics to DIR (node_exporter's --collector.textfile.directory)")
     m.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics writes (default 15)")

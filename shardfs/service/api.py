@@ -39,6 +39,8 @@ def mount_command(sources: list[str], mountpoint: str, options: dict) -> list[st
             cmd += ["-o", "allow_other"] if value else []
         elif key == "auto_unmount":
             cmd += [] if value else ["--no-auto-unmount"]
+        elif key == "peers":
+            cmd += ["--peers", value if isinstance(value, str) else ",".join(value) or "off"]
         elif isinstance(value, bool):
             raise TypeError(f"option {key}={value!r}: only allow_other and auto_unmount are flags")
         else:
@@ -54,8 +56,9 @@ def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None 
     Without ``mountpoint`` a private temporary directory is used and removed afterwards.
     Options are those of ``shardfs mount``: cache_size, disk_cache, disk_cache_size, prefetch, loaders, index_dir,
     workers, log_file, layout ("plain" or "imagefolder"), class_names, allow_other (bool),
-    auto_unmount (bool, default True), and storage_options (a dict of fsspec options for
-    s3:// and http(s):// sources).
+    auto_unmount (bool, default True), storage_options (a dict of fsspec options for
+    s3:// and http(s):// sources), peers (a list of "HOST:PORT" of the nodes serving shards to
+    each other, [] for none) and peer_self (this node's entry).
     """
     sources = [os.fspath(s) for s in (src if isinstance(src, list | tuple) else [src])]
     made_dir = mountpoint is None

@@ -14,6 +14,9 @@ import tomllib
 from dataclasses import dataclass, field
 
 from shardfs.storage.memory import parse_size
+from shardfs.storage.peers.addresses import check as check_peers
+from shardfs.storage.peers.addresses import parse_list as parse_peers
+from shardfs.storage.peers.addresses import pick_self
 from shardfs.storage.ram import PREFETCH_POLICIES
 from shardfs.errors import UsageError
 
@@ -46,6 +49,10 @@ class MountConfig:
     # the disk tier (storage/disk.py): a node-local directory, or "off" where a default would apply
     disk_cache: str | None = None
     disk_cache_size: str | None = None  # "800G", or a share of the free space in disk_cache: "80%"
+    # the nodes that serve shards to each other (storage/peers), "HOST:PORT" each: None when none
+    # were given (`shardfs run` then derives them in a Slurm job), [] for "off"; and this node's entry
+    peers: list[str] | None = None
+    peer_self: str | None = None
 
 
 # key -> (accepted types, description used in messages)
@@ -68,6 +75,8 @@ _KEYS = {
     "metrics_interval": ((int, float), "seconds between metrics writes (> 0)"),
     "disk_cache": ((str,), 'a directory on node-local disk, or "off"'),
     "disk_cache_size": ((str, int), 'a size such as "800G" or "80%" (of the free space there), or bytes'),
+    "peers": ((list, str), 'a list of "HOST:PORT", or "@FILE" (one per line), or "off"'),
+    "peer_self": ((str,), 'this node\'s entry among the peers, "HOST:PORT"'),
 }
 _REQUIRED = ("sources", "mountpoint")
 
@@ -110,6 +119,13 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
     for key in ("cache_size", "disk_cache_size"):
         if isinstance(getattr(cfg, key), int):
             setattr(cfg, key, str(getattr(cfg, key)))
+    if isinstance(cfg.peers, str):
+        try:
+            cfg.peers = parse_peers(cfg.peers)
+        except UsageError as exc:
+            raise _fail(path, "peers", str(exc)) from None
+    elif cfg.peers is not None and not all(isinstance(p, str) for p in cfg.peers):
+        raise _fail(path, "peers", f"expected {_KEYS['peers'][1]}, got {cfg.peers!r}")
     check(cfg, lambda key, why: _fail(path, key, why))
     return cfg
 
@@ -136,6 +152,13 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
         raise fail("metrics_interval", f"expected {_KEYS['metrics_interval'][1]}, got {cfg.metrics_interval}")
     if cfg.layout not in ("plain", "imagefolder"):
         raise fail("layout", f"expected {_KEYS['layout'][1]}, got {cfg.layout!r}")
+    if cfg.peers:
+        try:  # here, so that a bad list stops `shardfs mount` and `run` before a daemon starts
+            check_peers(cfg.peers)
+            if len(cfg.peers) > 1 or cfg.peer_self is not None:
+                cfg.peer_self = pick_self(cfg.peers, cfg.peer_self)
+        except UsageError as exc:
+            raise fail("peers", str(exc)) from None
     if cfg.class_names is not None:
         if cfg.layout != "imagefolder":
             raise fail("class_names", "applies to layout imagefolder only")
@@ -154,13 +177,19 @@ _IGNORED_OPTIONS = {"ro", "rw", "defaults", "auto", "noauto", "user", "users", "
 STORAGE_PREFIX = "storage_options."  # fstab: -o storage_options.endpoint_url=http://host:9000
 _VALUE_OPTIONS = {"cache_size": str, "prefetch": str, "loaders": int, "workers": int, "index_dir": str,
                   "log_level": str, "log_file": str, "layout": str, "class_names": str, "metrics_dir": str,
-                  "metrics_interval": float, "disk_cache": str, "disk_cache_size": str}
+                  "metrics_interval": float, "disk_cache": str, "disk_cache_size": str, "peers": parse_peers,
+                  "peer_self": str}
 
 
 def apply_options(cfg: MountConfig, text: str) -> None:
     """Apply ``-o`` options (``allow_other,cache_size=64G``), as given on the command line or in fstab."""
+    after_peers = False
     for opt in text.split(","):
         key, sep, value = opt.partition("=")
+        if after_peers and not sep and ":" in opt:  # peers=a:1,b:2: the list goes on
+            cfg.peers.extend(parse_peers(opt))
+            continue
+        after_peers = key == "peers"
         if not opt or key in _IGNORED_OPTIONS or key.startswith(("x-", "comment=")):
             continue
         if key in ("allow_other", "auto_unmount") and not sep:
@@ -197,7 +226,9 @@ def to_args(cfg: MountConfig) -> list[str]:
         args += ["--disk-cache", os.path.abspath(cfg.disk_cache)]
     elif cfg.disk_cache == "off":
         args += ["--disk-cache", "off"]
-    for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file"):
+    if cfg.peers is not None:
+        args += ["--peers", ",".join(cfg.peers) or "off"]
+    for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file", "peer_self"):
         if getattr(cfg, key) is not None:
             args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
     if cfg.allow_other:

@@ -77,7 +77,7 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
-def _disk_tier(opts: MountConfig, loaders: int, publisher) -> DiskTier | None:
+def _disk_tier(opts: MountConfig, loaders: int, publisher, keep_first) -> DiskTier | None:
     """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
     where = opts.disk_cache
     if where is None and os.environ.get("CACHE_DIRECTORY"):
@@ -85,7 +85,7 @@ def _disk_tier(opts: MountConfig, loaders: int, publisher) -> DiskTier | None:
     if not where or where == "off":
         return None
     try:
-        tier = DiskTier(where, opts.disk_cache_size, loaders, publisher)
+        tier = DiskTier(where, opts.disk_cache_size, loaders, publisher, keep_first)
     except OSError as exc:  # a mount without its tier still serves every byte
         log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
         return None
@@ -103,11 +103,18 @@ def _disk_status(disk: dict) -> str:
             f"{disk['shards']} shards, {disk['hits']} hits" + (f", off: {disk['disabled']}" if disk["disabled"] else ""))
 
 
+def _peers_status(peers: dict) -> str:
+    return (f"; peers {peers['peers_up']} up, {peers['peers_down']} down, {peers['bytes_from_peers'] / 1e9:.2f} GB "
+            f"from them, {peers['bytes_to_peers'] / 1e9:.2f} GB to them, shared storage "
+            f"{peers['storage_bytes_read'] / 1e9:.2f} GB")
+
+
 class Daemon:
     def __init__(self, cfg: MountConfig, ready_fd: int | None = None, on_detach=None):
         # absolute now: libfuse changes the working directory to / once mounted
         self.sources, self.mountpoint, self.opts = cfg.sources, os.path.abspath(cfg.mountpoint), cfg
         self.metrics = None
+        self.peers = None
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -128,9 +135,14 @@ class Daemon:
             log.warning("the watchdog interval (%.0f s) is under twice the storage timeout (%.0f s, "
                         "SHARDFS_STORAGE_TIMEOUT): a storage outage may get the daemon killed", watchdog,
                         deadline.TIMEOUT)
+        if opts.peers and len(opts.peers) > 1:  # listening first: a port in use stops the mount at once
+            from shardfs.storage.peers.net import PeerNet
+
+            self.peers = PeerNet(opts.peers, opts.peer_self)
         self._report("finding shards")
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout,
                                      progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
+        self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
@@ -144,8 +156,12 @@ class Daemon:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
         slots = Slots()
-        self.disk = _disk_tier(opts, loaders, slots)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=slots)
+        owns = self.peers.owns if self.peers else None
+        self.disk = _disk_tier(opts, loaders, slots, owns)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=slots,
+                                keep_first=owns)
+        if self.peers:
+            self.peers.ready(self.cache.fetch)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.pressure = PressureWatcher(self.cache)
@@ -170,6 +186,8 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.stop()
         self.pressure.stop()
+        if self.peers:
+            self.peers.close()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
         for shard in self.fs.view.shards:
@@ -196,14 +214,21 @@ class Daemon:
             "memory": self.pressure.figures(),
             **({"disk": self.disk.snapshot()} if self.disk else {}),
             **({"remote": remote.counters()} if self.remote else {}),
+            **({"peers": self.peers.figures()} if self.peers else {}),
         }
+
+    def _join_peers(self, view: datasets.Dataset) -> None:
+        """With peers, every shard's bytes come from its owner (see storage/peers)."""
+        if self.peers:
+            view.shards[:] = [self.peers.wrap(shard) for shard in view.shards]
 
     def _status_line(self) -> str:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()
         return (f"{snap['fuse_ops'].get('read', 0)} reads, {snap['bytes_served'] / 1e9:.2f} GB served; "
                 f"cache {cache['used_bytes'] / 2**30:.1f}/{cache['budget_bytes'] / 2**30:.1f} GiB, "
                 f"{cache['shards_cached']} shards cached; storage {cache['storage_bytes_read'] / 1e9:.2f} GB "
-                f"at {cache['storage_read_rate_MBps']:.0f} MB/s" + (_disk_status(self.disk.snapshot()) if self.disk else ""))
+                f"at {cache['storage_read_rate_MBps']:.0f} MB/s" + (_disk_status(self.disk.snapshot()) if self.disk else "")
+                + (_peers_status(self.peers.figures()) if self.peers else ""))
 
     def _log_summary(self, seconds: float) -> None:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()
@@ -273,6 +298,7 @@ class Daemon:
             old = self.fs.view
             try:
                 new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers, self.layout)
+                self._join_peers(new)
             except Exception as exc:  # keep serving the old view whatever went wrong
                 log.error("rescan failed, still serving the previous view: %s", exc)
                 self.notifier.send(ready="1")

@@ -77,6 +77,16 @@ _SCALARS = [
     ("shardfs_remote_retries", "counter", "Remote requests retried", ("remote", "retries")),
     ("shardfs_remote_failures", "counter", "Remote requests failed after all retries", ("remote", "failed")),
     ("shardfs_remote_read_bytes", "counter", "Bytes received from remote storage", ("remote", "bytes")),
+    ("shardfs_peers_up", "gauge", "Peers answering, this node included", ("peers", "peers_up")),
+    ("shardfs_peers_down", "gauge", "Peers marked down (refused, reset, too slow, bad replies)",
+     ("peers", "peers_down")),
+    ("shardfs_peer_fetched_bytes", "counter", "Shard bytes fetched from peers (checked)", ("peers", "bytes_from_peers")),
+    ("shardfs_peer_served_bytes", "counter", "Shard bytes served to peers", ("peers", "bytes_to_peers")),
+    ("shardfs_peer_requests_refused", "counter", "Peer requests refused (no, wrong or late proof of the key)",
+     ("peers", "requests_refused")),
+    ("shardfs_peer_storage_read_bytes", "counter",
+     "Bytes this node read from shared storage itself, with peers (the rest came from them)",
+     ("peers", "storage_bytes_read")),
 ]
 LABELS = ["mountpoint", "source"]
 
@@ -109,6 +119,11 @@ class _Collector:
             if f"shards_{state}" in cache:
                 shards.add_metric([*labels, state], cache[f"shards_{state}"])
         yield shards
+        failures = CounterMetricFamily("shardfs_peer_failures", "Failed requests to a peer, by peer",
+                                       labels=[*LABELS, "peer"])
+        for peer, count in sorted(f.get("peers", {}).get("failures_by_peer", {}).items()):
+            failures.add_metric([*labels, peer], count)
+        yield failures
         ops = CounterMetricFamily("shardfs_fuse_requests", "FUSE requests answered, by operation",
                                   labels=[*LABELS, "op"])
         for op, count in sorted(f.get("fuse_ops", {}).items()):

@@ -66,7 +66,20 @@ def view(mountpoint: str, now: dict, before: dict | None, seconds: float) -> str
         f"served    {_per_s(served_rate, 1e6, ' MB/s')} now, {now.get('bytes_served', 0) / 1e6:.1f} MB in total; "
         f"{now.get('read_errors', 0)} read errors, {now.get('shards_broken', 0)} broken shards",
         *([_disk_line(now["disk"])] if "disk" in now else []),
+        *([_peers_line(now["peers"], (before or now).get("peers", {}), seconds)] if "peers" in now else []),
     ])
+
+
+def _peers_line(peers: dict, old: dict, seconds: float) -> str:
+    rate = {key: _per_s(_rate(peers.get(key, 0), old.get(key, 0), seconds), 1e6, " MB/s")
+            for key in ("bytes_from_peers", "bytes_to_peers", "storage_bytes_read")}
+    failing = ", ".join(f"{peer} {n}" for peer, n in sorted(peers.get("failures_by_peer", {}).items()) if n)
+    return (f"peers     {peers.get('peers_up', 0)} up, {peers.get('peers_down', 0)} down"
+            f"{' (' + ', '.join(peers['down']) + ')' if peers.get('down') else ''}; from them "
+            f"{rate['bytes_from_peers']}, {peers.get('bytes_from_peers', 0) / 1e6:.1f} MB; to them "
+            f"{rate['bytes_to_peers']}, {peers.get('bytes_to_peers', 0) / 1e6:.1f} MB; shared storage "
+            f"{rate['storage_bytes_read']}, {peers.get('storage_bytes_read', 0) / 1e6:.1f} MB"
+            + (f"; failures {failing}" if failing else ""))
 
 
 def _disk_line(disk: dict) -> str:

@@ -72,9 +72,12 @@ class Entry:
 
 
 class DiskTier:
-    def __init__(self, directory: str, size: str | None = None, loaders: int = 2, publisher: Publisher | None = None):
+    def __init__(self, directory: str, size: str | None = None, loaders: int = 2, publisher: Publisher | None = None,
+                 keep_first=None):
+        """``keep_first(shard)``: shards this node owns among its peers; only those may evict
+        others, the rest are kept while room allows (their owners serve them)."""
         self.dir = os.path.abspath(directory)  # libfuse moves the daemon to / once mounted
-        self.publisher = publisher
+        self.publisher, self.keep_first = publisher, keep_first
         prepare_dir(self.dir)
         self.bound = bound_of(directory, size or DEFAULT_SIZE)
         self.held = sum(logical_size(e) for e in cache_files(directory))
@@ -306,7 +309,8 @@ class DiskTier:
             if not os.path.exists(os.path.join(self.dir, file_name(shard.path))):
                 if self.refused.get(shard) == self._counts["shards_evicted"]:
                     return None  # did not fit, and nothing left since
-                if not self._make_room(shard.size):
+                may_evict = self.keep_first is None or self.keep_first(shard)
+                if not self._make_room(shard.size, may_evict):
                     self.refused[shard] = self._counts["shards_evicted"]
                     self._counts["shards_refused"] += 1
                     return None
@@ -329,12 +333,14 @@ class DiskTier:
                 self.publisher.on_disk(shard, entry.file, entry.state, VALID)
             return entry
 
-    def _make_room(self, need: int) -> bool:
+    def _make_room(self, need: int, may_evict: bool = True) -> bool:
         """Remove least recently used files no daemon has open until ``need`` fits. Lock held."""
         if need > self.bound:
             return False
         if self.held + need <= self.bound:
             return True
+        if not may_evict:
+            return False
         files = [e for e in cache_files(self.dir) if logical_size(e)]  # stat()s now, cached by DirEntry
         self.held = sum(e.stat().st_size for e in files)  # other daemons add and remove files too
         ours = {e.file.path for e in self.entries.values() if e is not None}

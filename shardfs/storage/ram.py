@@ -33,7 +33,7 @@ import logging
 import mmap
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from shardfs.errors import ShardfsError
 from shardfs.storage import deadline
@@ -147,14 +147,16 @@ class LoadQueue:
 
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
-                 idle_evict: float = 300.0, disk: DiskTier | None = None, publisher: Publisher | None = None):
+                 idle_evict: float = 300.0, disk: DiskTier | None = None, publisher: Publisher | None = None,
+                 keep_first: Callable[[Shard], bool] | None = None):
         """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
         read through the disk tier, whose figures of storage reads replace ours. ``publisher``
-        is told of every resident buffer (see Publisher)."""
+        is told of every resident buffer (see Publisher). ``keep_first(shard)``: shards this node
+        owns among its peers; they may evict others (see _make_room)."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
         self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
-        self.publisher = publisher
+        self.publisher, self.keep_first = publisher, keep_first
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -271,7 +273,7 @@ class ShardCache:
             refused_at = self.refused.get(shard)
             if refused_at is not None and refused_at == self._counts["evicted"]:
                 return None  # refused before and nothing was evicted since: keep reading it directly
-            if shard.size > self.budget or not self._make_room(shard.size):
+            if shard.size > self.budget or not self._make_room(shard.size, self._first(shard)):
                 # Admitting it later in the same pass would load again what was just read directly.
                 self.refused[shard] = self._counts["evicted"]
                 if self.publisher is not None:
@@ -287,13 +289,23 @@ class ShardCache:
         self._queue.put(shard, priority)
         return res
 
-    def _make_room(self, need: int) -> bool:
-        """Evict shards idle for ``idle_evict`` seconds (oldest first) until ``need`` fits. Lock held."""
+    def _first(self, shard: Shard) -> bool:
+        return self.keep_first is not None and self.keep_first(shard)
+
+    def _make_room(self, need: int, first: bool = False) -> bool:
+        """Evict shards idle for ``idle_evict`` seconds (oldest first) until ``need`` fits; for a
+        shard that goes ``first`` (this node owns it among its peers), also shards that do not
+        (least recently used first): the owner serves the others, who can fetch theirs again from
+        their owners, never from storage. Lock held."""
         if self.reserved + need <= self.budget:
             return True
         cutoff = time.monotonic() - self.idle_evict
         idle = [shard for shard, r in self.resident.items() if self._last_used(r) < cutoff and not r.busy]
-        for shard in sorted(idle, key=lambda shard: self._last_used(self.resident[shard])):
+        if first:
+            idle += [shard for shard, r in self.resident.items()
+                     if shard not in idle and not r.busy and not self._first(shard)]
+        for shard in sorted(idle, key=lambda shard: (self._last_used(self.resident[shard]) >= cutoff,
+                                                     self._last_used(self.resident[shard]))):
             self._evict_locked(shard)
             if self.reserved + need <= self.budget:
                 return True

@@ -1,0 +1,167 @@
+"""The peer client: ranged GETs to other nodes (aiohttp, keep-alive), every reply checked end to
+end before a byte of it is used, and each peer's health.
+
+A reply counts only if it is 206 for exactly the range asked, names the shard asked for, has
+as many bytes as asked, their CRC-32 matches the one sent, and its HMAC proves it comes from a
+holder of our key for this request and this body. Anything else is a failure of that peer.
+
+A peer that refuses, resets, sends no byte within FIRST_BYTE_S, or sends far slower than the
+peers do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
+it again; it is *up* again as soon as a reply passes. Host names are resolved at connect time
+(getaddrinfo: /etc/hosts and DNS), as a node's name may resolve only on the nodes themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import zlib
+
+from shardfs.errors import ShardfsError
+from shardfs.storage.peers import auth
+
+log = logging.getLogger(__name__)
+
+FIRST_BYTE_S = 2.0  # no connection or no byte for this long: the peer is too slow (or frozen)
+MIN_RATE = 5e6  # bytes/s: a transfer slower than this is far below any healthy peer here
+SLOW_SHARE = 0.1  # ... as is one slower than this share of the running average
+RATE_SAMPLE = 1 << 20  # replies this large or larger make the running average (smaller: latency)
+BACKOFF_S, MAX_BACKOFF_S = 1.0, 60.0
+
+
+class PeerFailure(ShardfsError):
+    """A peer gave no usable reply; ``down``: mark it down (else it just lacks the shard)."""
+
+    def __init__(self, message: str, down: bool = True):
+        super().__init__(message)
+        self.down = down
+
+
+class Health:
+    def __init__(self):
+        self.down_until = 0.0
+        self.down_since: float | None = None
+        self.backoff = BACKOFF_S
+        self.failures = 0
+
+
+class PeerClient:
+    def __init__(self, peers: list[str], me: str, key: bytes):
+        import aiohttp
+
+        self._aiohttp = aiohttp
+        self.key = key
+        self.health = {peer: Health() for peer in peers if peer != me}
+        self.counts = dict(bytes_from_peers=0, requests=0, failures=0)
+        self.rate = 0.0  # bytes/s of large replies, a running average over all peers
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="shardfs-peer-client", daemon=True).start()
+        self._session = self._call(self._open_session(), 10)
+
+    async def _open_session(self):
+        aiohttp = self._aiohttp
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, resolver=aiohttp.ThreadedResolver())
+        return aiohttp.ClientSession(connector=connector, auto_decompress=False)
+
+    def _call(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # ---- health ---------------------------------------------------------------------
+
+    def usable(self, peer: str) -> bool:
+        return time.monotonic() >= self.health[peer].down_until
+
+    def _failed(self, peer: str, why: str, down: bool) -> None:
+        with self._lock:
+            h = self.health[peer]
+            h.failures += 1
+            self.counts["failures"] += 1
+            if not down:
+                return
+            now = time.monotonic()
+            h.down_until = now + h.backoff
+            h.backoff = min(h.backoff * 2, MAX_BACKOFF_S)
+            first = h.down_since is None
+            if first:
+                h.down_since = now
+        if first:
+            log.warning("peer %s is down (%s): its shards go to the next peer in their order", peer, why)
+
+    def _ok(self, peer: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.counts["bytes_from_peers"] += nbytes
+            if nbytes >= RATE_SAMPLE and seconds > 0:
+                self.rate = nbytes / seconds if not self.rate else 0.9 * self.rate + 0.1 * nbytes / seconds
+            h = self.health[peer]
+            h.backoff = BACKOFF_S
+            if h.down_since is None:
+                return
+            gone, h.down_since, h.down_until = time.monotonic() - h.down_since, None, 0.0
+        log.warning("peer %s answers again after %.0f s", peer, gone)
+
+    def figures(self) -> dict:
+        with self._lock:
+            down = [peer for peer, h in self.health.items() if h.down_since is not None]
+            return {**self.counts, "peers_up": len(self.health) + 1 - len(down), "peers_down": len(down),
+                    "down": down, "failures_by_peer": {peer: h.failures for peer, h in self.health.items()}}
+
+    # ---- fetching -------------------------------------------------------------------
+
+    def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float) -> bytes:
+        """The checked bytes, or PeerFailure (the peer's health updated either way)."""
+        with self._lock:
+            self.counts["requests"] += 1
+            slowest = max(MIN_RATE, SLOW_SHARE * self.rate)
+        timeout = min(budget, FIRST_BYTE_S + length / slowest)
+        began = time.monotonic()
+        future = asyncio.run_coroutine_threadsafe(self._get(peer, digest, offset, length, timeout), self._loop)
+        try:
+            data = future.result(timeout + 1)
+        except PeerFailure as exc:
+            self._failed(peer, str(exc), exc.down)
+            raise
+        except (self._aiohttp.ClientError, TimeoutError, OSError) as exc:
+            future.cancel()
+            why = f"no answer within {timeout:.1f} s" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            self._failed(peer, why, True)
+            raise PeerFailure(why) from None
+        self._ok(peer, len(data), time.monotonic() - began)
+        return data
+
+    async def _get(self, peer: str, digest: str, offset: int, length: int, timeout: float) -> bytes:
+        aiohttp = self._aiohttp
+        target = f"/shard/{digest}"
+        byte_range = f"bytes={offset}-{offset + length - 1}"
+        proof = auth.sign_request(self.key, "GET", target, byte_range)
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=FIRST_BYTE_S, sock_read=FIRST_BYTE_S)
+        async with self._session.get(f"http://{peer}{target}", headers={"Range": byte_range, auth.HEADER: proof},
+                                     timeout=limits) as reply:
+            if reply.status != 206:
+                raise PeerFailure(f"HTTP {reply.status}: {(await reply.text())[:200]}", down=reply.status != 404)
+            body = await reply.read()
+            h = reply.headers
+        try:
+            crc = int(h.get("X-Shardfs-Crc32", ""))
+        except ValueError:
+            raise PeerFailure("reply without a checksum") from None
+        if h.get("X-Shardfs-Shard") != digest:
+            raise PeerFailure(f"reply for another shard ({h.get('X-Shardfs-Shard')})")
+        if not h.get("Content-Range", "").startswith(f"bytes {offset}-{offset + length - 1}/"):
+            raise PeerFailure(f"reply for another range ({h.get('Content-Range')})")
+        if len(body) != length:
+            raise PeerFailure(f"truncated reply: {len(body)} of {length} bytes")
+        if not auth.check_reply(self.key, proof, crc, length, h.get("X-Shardfs-Proof")):
+            raise PeerFailure("reply not signed with our key")
+        if zlib.crc32(body) != crc:
+            raise PeerFailure("reply failed its checksum")
+        return body
+
+    def close(self) -> None:
+        try:
+            self._call(self._session.close(), 5)
+        except (TimeoutError, RuntimeError):
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)

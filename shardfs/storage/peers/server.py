@@ -1,0 +1,145 @@
+"""The peer server: answers other nodes' range requests for shards, from this node's caches.
+
+``GET /shard/<digest>`` with ``Range: bytes=A-B`` and the request's HMAC (``auth``) gets 206 and
+those bytes, read through ``read`` (the RAM cache's fetch: resident bytes at once; else the cache
+admits the shard and loads it in file order, once, readers of a chunk waiting for whoever reads
+it), with headers naming the shard's digest, the body's CRC-32 and the reply's HMAC. A request
+without a valid proof gets 403 and no data; a shard we do not have in this version (another
+dataset, a changed shard) 404; one we cannot read now 503.
+
+Bytes read for a peer are never fetched from another peer in turn (``serving_peer``): a node
+answers from its caches or shared storage, so requests never travel in circles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from shardfs.errors import UsageError
+from shardfs.storage.base import ShardIOError
+from shardfs.storage.peers import auth
+from shardfs.storage.peers.addresses import split
+
+log = logging.getLogger(__name__)
+
+THREADS = 8  # requests read at once (each waits on the caches or storage)
+# Tests only: every reply damaged this way ("corrupt", "truncate", "foreign"), to show no node serves it.
+FAULT_ENV = "SHARDFS_TEST_PEER_FAULT"
+
+_local = threading.local()
+
+
+def serving_peer() -> bool:
+    """Whether this thread reads for a peer (then the bytes come from here, never another peer)."""
+    return getattr(_local, "serving", False)
+
+
+def _mark_serving() -> None:
+    _local.serving = True
+
+
+class PeerServer:
+    def __init__(self, address: str, key: bytes, find):
+        """``find(digest)``: our shard of that identity, or None."""
+        self.address, self.key, self.find = address, key, find
+        self.read = None  # set by ready(): until then requests get 503
+        self.fault = os.environ.get(FAULT_ENV)
+        self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shardfs-peer-serve", initializer=_mark_serving)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner = None
+
+    def start(self) -> None:
+        """Listen on our peer address (only there); UsageError if the port is taken."""
+        started: Future = Future()
+        threading.Thread(target=self._run, args=(started,), name="shardfs-peer-server", daemon=True).start()
+        started.result()
+
+    def ready(self, read) -> None:
+        self.read = read
+
+    def _run(self, started: Future) -> None:
+        from aiohttp import web
+
+        loop = self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_get("/shard/{digest}", self._shard)
+        self._runner = web.AppRunner(app, access_log=None)
+        host, port = split(self.address)
+        try:
+            loop.run_until_complete(self._runner.setup())
+            loop.run_until_complete(web.TCPSite(self._runner, host, port, reuse_address=False).start())
+        except OSError as exc:
+            why = (f"port {port} is in use on {host} (another job or daemon?): choose another port in --peers"
+                   if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc))
+            started.set_exception(UsageError(f"peer address {self.address}: cannot listen: {why}"))
+            return
+        started.set_result(None)
+        log.info("serving shards to peers at %s", self.address)
+        loop.run_forever()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[key] += n
+
+    async def _shard(self, request):
+        from aiohttp import web
+
+        byte_range = request.headers.get("Range", "")
+        proof = request.headers.get(auth.HEADER)
+        why = auth.check_request(self.key, proof, request.method, request.path, byte_range)
+        if why is not None:
+            self._count("requests_refused")
+            if self.counts["requests_refused"] <= 10:
+                log.warning("refused a peer request from %s: %s", request.remote, why)
+            return web.Response(status=403, text=why)
+        shard = self.find(request.match_info["digest"])
+        if shard is None:
+            return web.Response(status=404, text="no such shard here (another dataset or version)")
+        if self.read is None:
+            return web.Response(status=503, text="not serving yet")
+        try:
+            wanted = request.http_range
+            offset, end = wanted.start, wanted.stop
+        except ValueError:
+            offset = end = None
+        if offset is None or end is None or not 0 <= offset < end <= shard.size or wanted.step not in (None, 1):
+            return web.Response(status=416, text=f"expected a range within {shard.size} bytes")
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(self._pool, self.read, shard, offset, end - offset)
+        except ShardIOError as exc:
+            self._count("requests_failed")
+            return web.Response(status=503, text=str(exc))
+        crc = zlib.crc32(data)
+        headers = {"Content-Range": f"bytes {offset}-{end - 1}/{shard.size}", "X-Shardfs-Shard": shard.digest,
+                   "X-Shardfs-Crc32": str(crc), "X-Shardfs-Proof": auth.sign_reply(self.key, proof, crc, len(data))}
+        if self.fault:
+            data = self._damage(data, headers)
+        self._count("requests_served")
+        self._count("bytes_to_peers", len(data))
+        return web.Response(status=206, body=data, headers=headers)
+
+    def _damage(self, data, headers: dict):
+        data = bytearray(data)
+        if self.fault == "corrupt":
+            data[len(data) // 2] ^= 0xFF
+        elif self.fault == "truncate":
+            del data[len(data) // 2 :]
+        elif self.fault == "foreign":
+            headers["X-Shardfs-Proof"] = auth.sign_reply(b"another key", "", 0, 0)
+        return data
+
+    def stop(self) -> None:
+        if self._loop is None or not self._loop.is_running():
+            return
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._pool.shutdown(wait=False, cancel_futures=True)

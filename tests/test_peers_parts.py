@@ -1,0 +1,151 @@
+"""Peers' parts alone: the owner rule, the key file and its proofs, the peer list from every
+front door (command line, -o, TOML, the Python API, a Slurm job)."""
+
+import multiprocessing
+import os
+import secrets
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from shardfs.errors import UsageError
+from shardfs.service.api import mount_command
+from shardfs.service.config import MountConfig, apply_options, check, parse_config, to_args
+from shardfs.service.jobpeers import job_port, slurm_peers
+from shardfs.storage.peers import addresses, auth, owner
+
+PEERS = [f"node{i}:7000" for i in range(1, 5)]
+SHARDS = [owner.identity(f"/data/train-{i:06d}.tar", 1 << 30, 1_700_000_000_000_000_000 + i) for i in range(2000)]
+
+
+def test_the_owner_is_the_same_in_every_process():
+    """Not Python's salted hash(): two interpreters with other hash seeds agree."""
+    code = ("from shardfs.storage.peers import owner; import sys; "
+            "print(','.join(owner.owner(owner.identity(f'/d/s{i}', i, i), sys.argv[1:]) for i in range(50)))")
+    answers = {subprocess.run([sys.executable, "-c", code, *PEERS], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(answers) == 1 and len(set(answers.pop().strip().split(","))) == len(PEERS)
+
+
+def test_losing_a_peer_moves_only_its_shards_each_to_the_next_in_its_order():
+    before = {ident: owner.order(ident, PEERS) for ident in SHARDS}
+    gone = PEERS[2]
+    left = [p for p in PEERS if p != gone]
+    for ident, order in before.items():
+        now = owner.owner(ident, left)
+        assert now == (order[1] if order[0] == gone else order[0])
+        assert owner.order(ident, left) == [p for p in order if p != gone]
+    counts = {p: sum(order[0] == p for order in before.values()) for p in PEERS}
+    assert all(abs(n - len(SHARDS) / len(PEERS)) < 0.15 * len(SHARDS) / len(PEERS) for n in counts.values()), counts
+
+
+def test_the_order_does_not_depend_on_how_the_peers_are_listed():
+    assert owner.order(SHARDS[0], PEERS) == owner.order(SHARDS[0], list(reversed(PEERS)))
+
+
+def test_identity_covers_name_size_mtime_and_tag():
+    base = owner.identity("/d/a.tar", 10, 5, "etag1")
+    assert len({base, owner.identity("/d/b.tar", 10, 5, "etag1"), owner.identity("/d/a.tar", 11, 5, "etag1"),
+                owner.identity("/d/a.tar", 10, 6, "etag1"), owner.identity("/d/a.tar", 10, 5, "etag2")}) == 5
+
+
+def _make_key(path, barrier, out):
+    barrier.wait()
+    out.put(auth.load_or_create(path))
+
+
+def test_nodes_starting_at_once_agree_on_one_private_key(tmp_path):
+    path = str(tmp_path / "home" / ".config" / "shardfs" / "peer.key")
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_make_key, args=(path, barrier, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    keys = {out.get(timeout=30) for _ in procs}
+    for p in procs:
+        p.join(timeout=30)
+    assert len(keys) == 1 and len(keys.pop()) >= 32
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert os.listdir(os.path.dirname(path)) == ["peer.key"]  # no candidate left behind
+
+
+def test_a_key_others_can_read_is_refused(tmp_path):
+    path = tmp_path / "peer.key"
+    path.write_text("a" * 64)
+    path.chmod(0o644)
+    with pytest.raises(UsageError, match="chmod 600"):
+        auth.load_or_create(str(path))
+
+
+def test_request_proofs():
+    key = secrets.token_hex(32).encode()
+    proof = auth.sign_request(key, "GET", "/shard/ab", "bytes=0-9")
+    assert auth.check_request(key, proof, "GET", "/shard/ab", "bytes=0-9") is None
+    assert auth.check_request(key, None, "GET", "/shard/ab", "bytes=0-9") == "no proof of the key"
+    assert auth.check_request(b"k" * 64, proof, "GET", "/shard/ab", "bytes=0-9") == "wrong key"
+    assert auth.check_request(key, proof, "GET", "/shard/cd", "bytes=0-9") == "wrong key"
+    old = auth.sign_request(key, "GET", "/shard/ab", "bytes=0-9", now=1_000_000)
+    assert "too long ago" in auth.check_request(key, old, "GET", "/shard/ab", "bytes=0-9")
+    assert auth.check_request(key, "shardfs-hmac garbage", "GET", "/shard/ab", "bytes=0-9") == "malformed proof"
+    reply = auth.sign_reply(key, proof, 1234, 10)
+    assert auth.check_reply(key, proof, 1234, 10, reply)
+    assert not auth.check_reply(key, proof, 1235, 10, reply) and not auth.check_reply(key, proof, 1234, 10, None)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("host", "'host'"), ("host:", "'host:'"), ("host:0", "'host:0'"), (":7000", "':7000'"),
+    ("::1:7000", "brackets"), ("a:1,b:2,a:1", "'a:1' is listed twice"),
+])
+def test_bad_peer_lists_name_the_value(text, message):
+    with pytest.raises(UsageError, match=message):
+        addresses.parse_list(text)
+
+
+def test_peer_lists_from_a_file_and_off(tmp_path):
+    listing = tmp_path / "peers"
+    listing.write_text("# the job's nodes\nnode1:7000\n\nnode2:7000  # the second\n[::1]:7000\n")
+    assert addresses.parse_list(f"@{listing}") == ["node1:7000", "node2:7000", "[::1]:7000"]
+    assert addresses.split("[::1]:7000") == ("::1", 7000)
+    assert addresses.parse_list("off") == []
+
+
+def test_this_node_is_found_by_name_or_address():
+    me = socket.gethostname()
+    assert addresses.pick_self(["elsewhere.invalid:1", f"{me}:2"], None) == f"{me}:2"
+    assert addresses.pick_self(["elsewhere.invalid:1", "127.0.0.1:2"], None) == "127.0.0.1:2"
+    with pytest.raises(UsageError, match="2 peers .* are this machine"):
+        addresses.pick_self(["127.0.0.2:1", "127.0.0.3:1"], None)
+    with pytest.raises(UsageError, match="none of the peers is this machine"):
+        addresses.pick_self(["elsewhere.invalid:1", "elsewhere2.invalid:1"], None)
+    assert addresses.pick_self(["127.0.0.2:1", "127.0.0.3:1"], "127.0.0.3:1") == "127.0.0.3:1"
+
+
+def test_peers_from_every_front_door(tmp_path):
+    peers = ["127.0.0.2:7001", "127.0.0.3:7001"]
+    toml = parse_config({"sources": ["/d"], "mountpoint": "/m", "peers": peers, "peer_self": peers[1]})
+    as_text = parse_config({"sources": ["/d"], "mountpoint": "/m", "peers": ",".join(peers), "peer_self": peers[1]})
+    cfg = MountConfig(sources=["/d"], mountpoint="/m")
+    apply_options(cfg, f"ro,peers={','.join(peers)},peer_self={peers[1]},allow_other")
+    check(cfg)
+    assert toml.peers == as_text.peers == cfg.peers == peers and toml.peer_self == cfg.peer_self == peers[1]
+    assert cfg.allow_other
+    args = to_args(cfg)
+    assert args[args.index("--peers") + 1] == ",".join(peers) and args[args.index("--peer-self") + 1] == peers[1]
+    cmd = mount_command(["/d"], "/m", {"peers": peers, "peer_self": peers[1]})
+    assert cmd[cmd.index("--peers") + 1] == ",".join(peers)
+    assert mount_command(["/d"], "/m", {"peers": []})[-1] == "off"
+    with pytest.raises(UsageError, match="peers: .*'127.0.0.9:1' is not among"):
+        parse_config({"sources": ["/d"], "mountpoint": "/m", "peers": peers, "peer_self": "127.0.0.9:1"})
+
+
+def test_a_slurm_job_of_several_nodes_makes_its_nodes_peers(tmp_path):
+    conf = tmp_path / "slurm.conf"  # scontrol wants a configuration, though it only expands the list
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=node[1-3] CPUs=1\n")
+    env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_JOB_ID": "113456", "SLURM_JOB_NODELIST": "node[1-3]",
+           "SLURMD_NODENAME": "node2"}
+    assert job_port("113456") == 13456
+    assert slurm_peers(env) == (["node1:13456", "node2:13456", "node3:13456"], "node2:13456")
+    assert slurm_peers({**env, "SLURM_JOB_NODELIST": "node1"}) == (None, None)  # one node: today's behaviour
+    assert slurm_peers({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) == (None, None)
