@@ -368,6 +368,12 @@ class SlurmCluster:
                         found.append(left.split()[4])
         return found
 
+    def on_node(self, node: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """A command run on `node` as its jobs run: in its slurmd's mount, network and UTS namespaces."""
+        pid = _read_pid(self.pid_files[node])
+        return subprocess.run(["nsenter", f"--target={pid}", "--mount", "--uts", *(["--net"] if self.net else []),
+                               *cmd], capture_output=True, text=True, timeout=timeout)
+
     def processes_of(self, uid: int) -> list[str]:
         """Command lines of every process of `uid` on the machine (so on every node)."""
         found = []

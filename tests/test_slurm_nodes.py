@@ -10,6 +10,7 @@ read about once for the job, not once per node.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -72,11 +73,22 @@ print(json.dumps({"host": socket.gethostname(), "rank": dist.get_rank(), "world"
 dist.destroy_process_group()
 '''
 
-HOLD_PY = '''
-import argparse, os, socket, time
+# Cheaper than training (no torch in the job): each node reads its half of the files, picked at
+# random as a DistributedSampler does (so it needs every shard), checks nothing itself, says so and
+# holds its mount until scancel; the test reads each node's figures meanwhile.
+READ_PY = '''
+import argparse, hashlib, json, os, random, socket, time
 parser = argparse.ArgumentParser()
 parser.add_argument("--data")
 args = parser.parse_args()
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+files = sorted(os.path.relpath(os.path.join(top, n), args.data) for top, _, names in os.walk(args.data) for n in names)
+random.Random(0).shuffle(files)
+digests = {}
+for rel in files[rank::world]:
+    with open(os.path.join(args.data, rel), "rb") as f:
+        digests[rel] = hashlib.sha256(f.read()).hexdigest()
+print(json.dumps({"host": socket.gethostname(), "rank": rank, "world": world, "digests": digests}), flush=True)
 print("ready", socket.gethostname(), len(os.listdir(args.data)), flush=True)
 time.sleep(600)
 '''
@@ -116,6 +128,10 @@ def cluster():
 
 
 def readme_job(cluster: SlurmCluster, name: str, train_py: str) -> str:
+    """A job folder with the README's script; the nodes' disk tiers emptied first (`shardfs run`
+    keeps one in the node's /tmp, which outlives a job, so that a job's figures are its own)."""
+    for n in cluster.nodes:
+        shutil.rmtree(cluster.node_path(n.name, f"/tmp/shardfs-cache-{NOBODY}"), ignore_errors=True)
     script = readme_job_script()
     shards = os.path.join(cluster.top, "shards")
     return job_folder(cluster, name, {"job.sh": script.replace(SHARDS_LINE, f"SHARDS={shards}"), "train.py": train_py})
@@ -139,24 +155,39 @@ def test_readme_job_script_trains_on_two_nodes_reading_storage_once(cluster):
     for r in results:
         assert r["data"] == f"/tmp/shardfs-{job}/train"
         assert r["seen"] == 2 * files // 2  # two epochs of its half
-        assert len(r["digests"]) == files // 2
-        assert all(cluster.digests[path] == digest for path, digest in r["digests"].items())
-    assert set(results[0]["digests"]) | set(results[1]["digests"]) == set(cluster.digests)  # together: all
-    peers = [r["stats"]["peers"] for r in results]
-    assert [(p["peers_up"], p["peers_down"]) for p in peers] == [(2, 0), (2, 0)]  # found each other via Slurm
-    storage = [p["storage_bytes_read"] for p in peers]  # bytes from shared storage (not from the other node)
-    peer_bytes = [p["bytes_from_peers"] for p in peers]
-    total = shard_bytes(cluster)
-    # Each node alone would read every shard (its half of the files lies in all of them): 2x.
-    assert 0.9 * total <= sum(storage) <= 1.1 * total, (storage, total)
-    assert all(b > 0 for b in peer_bytes) and all(s > 0 for s in storage), (storage, peer_bytes)
+    check_halves(cluster, results)
+    storage, peer_bytes = storage_once(cluster, [r["stats"] for r in results])
     assert wait_until_clean(cluster, f"/tmp/shardfs-{job}") == {"mounts": [], "processes": [], "mountpoint": False}
     print(f"two-node cluster start {cluster.start_seconds:.1f} s; README job on 2 nodes: sbatch --wait {seconds:.1f} s, "
-          f"ran {cluster.job_seconds(job)} s; storage {storage} of {total} shard bytes, from peers {peer_bytes}")
+          f"ran {cluster.job_seconds(job)} s; storage {storage} of {shard_bytes(cluster)} shard bytes, "
+          f"from peers {peer_bytes}")
 
 
-def test_scancel_leaves_nothing_on_either_node(cluster):
-    folder = readme_job(cluster, "scancel2", HOLD_PY)
+def check_halves(cluster: SlurmCluster, results: list[dict]) -> None:
+    """Each node read its half of the files, every byte right; together they read all."""
+    assert [(r["host"], r["rank"], r["world"]) for r in results] == [(n.name, i, 2) for i, n in enumerate(cluster.nodes)]
+    for r in results:
+        assert len(r["digests"]) == CLASSES * PER_CLASS // 2
+        assert all(cluster.digests[path] == digest for path, digest in r["digests"].items())
+    assert set(results[0]["digests"]) | set(results[1]["digests"]) == set(cluster.digests)
+
+
+def storage_once(cluster: SlurmCluster, stats: list[dict]) -> tuple[list[int], list[int]]:
+    """The two daemons found each other through Slurm and read shared storage once between them:
+    each node got every shard (its random half of the files lies in all of them), from storage
+    if it owns the shard, else from its peer. Alone, each would read every shard: 2x."""
+    peers = [st["peers"] for st in stats]
+    assert [(p["peers_up"], p["peers_down"]) for p in peers] == [(2, 0), (2, 0)]
+    storage = [p["storage_bytes_read"] for p in peers]  # bytes this node read from shared storage itself
+    peer_bytes = [p["bytes_from_peers"] for p in peers]
+    total = shard_bytes(cluster)
+    assert 0.9 * total <= sum(storage) <= 1.1 * total, (storage, total)
+    assert all(0.9 * total <= s + b for s, b in zip(storage, peer_bytes)), (storage, peer_bytes, total)
+    return storage, peer_bytes
+
+
+def test_two_nodes_read_storage_once_and_scancel_leaves_nothing(cluster):
+    folder = readme_job(cluster, "scancel2", READ_PY)
     job, code = sbatch(cluster, folder, *TWO_NODES)
     assert code == 0
     mountpoint = f"/tmp/shardfs-{job}"
@@ -167,8 +198,15 @@ def test_scancel_leaves_nothing_on_either_node(cluster):
         time.sleep(0.3)
     ready = sorted(line for line in output(folder).splitlines() if line.startswith("ready"))
     assert ready == [f"ready {n.name} {CLASSES}" for n in cluster.nodes]  # the class folders, through each mount
+    check_halves(cluster, sorted(json_lines(output(folder)), key=lambda r: r["rank"]))
+    stats = []
     for n in cluster.nodes:
         assert cluster.job_mounts(n.name) == [mountpoint]  # each node's own mount, on its own /tmp
+        done = cluster.on_node(n.name, "runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={REPO}", PYTHON, "-m",
+                               "shardfs", "stats", "--json", mountpoint)
+        assert done.returncode == 0, done.stderr
+        stats.append(json.loads(done.stdout))
+    storage_once(cluster, stats)
     done = cluster.slurm("scancel", job, user="nobody")
     assert done.returncode == 0, done.stderr
     deadline = time.monotonic() + 120
