@@ -16,7 +16,7 @@ open(path, 'rb') and checked against the source's sha256. Two capacities:
   a  each node's tiers could hold the whole dataset (RAM budget a third of it, disk tier 2x it)
   b  each node's RAM budget is a third of the dataset, no disk tier (the job holds 4/3 of it)
 
-each with peers (--peers, --peer-self) and without (today's behaviour), and a run of (a) with
+each with peers (--peers, --peer-self) and without (today's behaviour), and a run of each with
 peers in which one node's daemon is killed with SIGKILL a quarter into epoch 2 (it reads no more;
 the other nodes must read every file right).
 
@@ -53,6 +53,7 @@ from benchlib import capped, machine
 from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, run, shard_files
 from benchlib.cli import REPO
+from benchlib.machine import Others, proc_status
 from benchlib.mounts import Mounts
 from benchlib.tables import cell, median
 
@@ -159,6 +160,8 @@ def read_epoch(ctx, mounts: dict, epoch: int, seed: int, kill: int | None = None
     daemon gets SIGKILL once KILL_AT of the epoch's files are read."""
     drop_caches()
     n = ctx.args.nodes
+    pids = {i: m.pid for i, m in mounts.items()}
+    others, cpu0 = Others(list(pids.values())), {i: proc_status(p).get("cpu_s", 0.0) for i, p in pids.items()}
     fork = mp.get_context("fork")
     barrier, results, progress = fork.Barrier(len(mounts) + 1), fork.Queue(), fork.Value("l", 0)
     procs = [fork.Process(target=_node_reader, args=(i, os.path.join(m.mnt, "train"), n, seed, epoch, ctx.digests,
@@ -184,8 +187,9 @@ def read_epoch(ctx, mounts: dict, epoch: int, seed: int, kill: int | None = None
     nodes = {i: {"files": g[1], "wrong": g[2], "errors": g[3], "first_error": g[4], "seconds": g[5],
                  "fps": g[1] / g[5] if g[5] else 0.0} for i, g in sorted(got.items())}
     live = [v for i, v in nodes.items() if i != kill]
+    cpu = sum(proc_status(p).get("cpu_s", 0.0) - cpu0[i] for i, p in pids.items() if i != kill)
     return {"nodes": nodes, "fps": sum(v["files"] for v in live) / max(v["seconds"] for v in live),
-            "killed_at": killed_at}
+            "killed_at": killed_at, "daemon_cpu_s": cpu, "others_cpu": others.done()["background_cpu"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,9 +270,10 @@ def one_round(ctx, r: int) -> dict:
     for name, capacity, peers in SETUPS:
         print(f"  {name}: capacity ({capacity}), {'with' if peers else 'without'} peers", flush=True)
         out[name] = one_setup(ctx, name, capacity, peers, r)
-    print(f"  kill: capacity ({ctx.args.kill_capacity}) with peers, node {ctx.args.nodes - 1} SIGKILLed in epoch 2",
-          flush=True)
-    out["kill"] = one_setup(ctx, "kill", ctx.args.kill_capacity, True, r, kill=ctx.args.nodes - 1)
+    for capacity in ctx.args.kill_in:
+        print(f"  kill-{capacity}: capacity ({capacity}) with peers, node {ctx.args.nodes - 1} SIGKILLed in epoch 2",
+              flush=True)
+        out[f"kill-{capacity}"] = one_setup(ctx, f"kill-{capacity}", capacity, True, r, kill=ctx.args.nodes - 1)
     return out
 
 
@@ -279,37 +284,40 @@ def one_round(ctx, r: int) -> dict:
 def report(ctx, rounds: list[dict]) -> None:
     a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
     x = lambda b: b / total  # noqa: E731
+    names = [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+
+    def per_epoch(name: str, fn, fmt: str) -> str:
+        return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
+
+    def ratios(e: int, capacity: str) -> list[float]:
+        return [r[f"{capacity}-peers"]["epochs"][e]["fps"] / r[f"{capacity}-alone"]["epochs"][e]["fps"] for r in rounds]
+
     print()
     print(f"files/s per epoch, all {n} nodes together (median [min-max] of {len(rounds)} rounds); "
           f"ratio = with peers / without, same round")
-    print(f"{'epoch':<8}{'(a) peers':>22}{'(a) alone':>22}{'(a) ratio':>18}{'(b) peers':>22}{'(b) alone':>22}"
-          f"{'(b) ratio':>18}{'kill run':>22}")
+    print(f"{'epoch':<8}" + "".join(f"{h:>20}" for h in ("(a) peers", "(a) alone", "(a) ratio", "(b) peers", "(b) alone",
+                                                           "(b) ratio", *(f"kill in ({c})" for c in a.kill_in))))
     for e in range(a.epochs):
-        fps = {k: [r[k]["epochs"][e]["fps"] for r in rounds] for k in ("a-peers", "a-alone", "b-peers", "b-alone", "kill")}
-        ra = [r["a-peers"]["epochs"][e]["fps"] / r["a-alone"]["epochs"][e]["fps"] for r in rounds]
-        rb = [r["b-peers"]["epochs"][e]["fps"] / r["b-alone"]["epochs"][e]["fps"] for r in rounds]
-        print(f"{e + 1:<8}{cell(fps['a-peers'], '{:.0f}'):>22}{cell(fps['a-alone'], '{:.0f}'):>22}"
-              f"{cell(ra, '{:.2f}'):>18}{cell(fps['b-peers'], '{:.0f}'):>22}{cell(fps['b-alone'], '{:.0f}'):>22}"
-              f"{cell(rb, '{:.2f}'):>18}{cell(fps['kill'], '{:.0f}'):>22}")
+        cells = []
+        for capacity in ("a", "b"):
+            cells += [cell([r[f"{capacity}-{k}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for k in ("peers", "alone")]
+            cells.append(cell(ratios(e, capacity), "{:.2f}"))
+        cells += [cell([r[f"kill-{c}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for c in a.kill_in]
+        print(f"{e + 1:<8}" + "".join(f"{c:>20}" for c in cells))
     print()
-    print("files/s per node (medians), epoch 1 / 2 / 3")
-    for name, _cap, _peers in (*SETUPS, ("kill", None, None)):
-        per = []
+    print("per setup, epoch 1 / 2 / 3 (medians [min-max])")
+    for name in names:
+        print(f"  {name}")
         for i in range(n):
             vals = [median([r[name]["epochs"][e]["nodes"][i]["fps"] for r in rounds if i in r[name]["epochs"][e]["nodes"]])
                     for e in range(a.epochs)]
-            per.append(f"n{i} " + "/".join("-" if v is None else f"{v:.0f}" for v in vals))
-        print(f"  {name:<10}" + "   ".join(per))
-    print()
-    print("bytes from shared storage (blkio, x the shards) per epoch | daemons' own count | between peers (GB)")
-    for name, _cap, _peers in (*SETUPS, ("kill", None, None)):
-        blk = " / ".join(cell([x(r[name]["epochs"][e]["storage"]) for r in rounds], "{:.2f}") for e in range(a.epochs))
-        dmn = " / ".join(cell([x(r[name]["epochs"][e]["daemon_storage"]) for r in rounds], "{:.2f}")
-                         for e in range(a.epochs))
-        prs = " / ".join(cell([r[name]["epochs"][e]["from_peers"] / 1e9 for r in rounds], "{:.3f}")
-                         for e in range(a.epochs))
-        tot = cell([x(r[name]["storage"]) for r in rounds], "{:.2f}")
-        print(f"  {name:<10} total {tot:<18} epochs {blk:<40} daemons {dmn:<40} peers {prs}")
+            print(f"    node {i} files/s            " + " / ".join("-" if v is None else f"{v:.0f}" for v in vals))
+        print(f"    shared storage, x shards  total {cell([x(r[name]['storage']) for r in rounds], '{:.2f}')}: "
+              + per_epoch(name, lambda ep: x(ep["storage"]), "{:.2f}") + " (blkio); daemons' own count "
+              + per_epoch(name, lambda ep: x(ep["daemon_storage"]), "{:.2f}"))
+        print("    between peers, GB         " + per_epoch(name, lambda ep: ep["from_peers"] / 1e9, "{:.3f}"))
+        print("    daemons' CPU s            " + per_epoch(name, lambda ep: ep["daemon_cpu_s"], "{:.1f}")
+              + "; others' share of the CPU % " + per_epoch(name, lambda ep: 100 * (ep["others_cpu"] or 0), "{:.0f}"))
     print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r)}")
 
     def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
@@ -320,20 +328,20 @@ def report(ctx, rounds: list[dict]) -> None:
     print()
     print(f"{'target':<66}{'measured':>22}")
     print("-" * 104)
-    judge(f"(a) storage over {a.epochs} epochs, x dataset, with peers", [x(r["a-peers"]["storage"]) for r in rounds],
-          "<=", 1.1)
-    judge(f"(b) storage over {a.epochs} epochs, x dataset, with peers", [x(r["b-peers"]["storage"]) for r in rounds],
-          "<=", 1.1)
+    for capacity in ("a", "b"):
+        judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
+              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds], "<=", 1.1)
     for e in range(1, a.epochs):
-        judge(f"(b) epoch {e + 1} files/s, with peers / without",
-              [r["b-peers"]["epochs"][e]["fps"] / r["b-alone"]["epochs"][e]["fps"] for r in rounds], ">=", 3.0)
-    bad = [r["kill"]["wrong"] + r["kill"]["errors_others"] for r in rounds]
-    judge("kill: wrong bytes or errors read by the other nodes (count)", bad, "<=", 0, "{:.0f}")
-    judge(f"kill: storage over {a.epochs} epochs, x dataset", [x(r["kill"]["storage"]) for r in rounds], "<=",
-          round(1 + 1 / n + 0.1, 3))
-    first = next((r["kill"]["first_error"] for r in rounds if r["kill"]["first_error"]), None)
-    if first:
-        print(f"kill run, first problem: {first}")
+        judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
+    for c in a.kill_in:
+        name = f"kill-{c}"
+        judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
+              [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
+        judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
+              "<=", round(1 + 1 / n + 0.1, 3))
+        first = next((r[name]["first_error"] for r in rounds if r[name]["first_error"]), None)
+        if first:
+            print(f"kill in ({c}), first problem: {first}")
     print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds], '{:.2f}')}x, "
           f"(b) {cell([x(r['b-alone']['storage']) for r in rounds], '{:.2f}')}x the dataset)")
 
@@ -378,7 +386,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="DistributedSampler's seed (round r uses seed + r)")
-    parser.add_argument("--kill-capacity", choices=("a", "b"), default="a", help="capacity of the run with a kill")
+    parser.add_argument("--kill-in", type=lambda v: v.split(","), default=["a", "b"],
+                        help="the capacities of the runs with a peer killed (a,b; empty: none)")
     parser.add_argument("--drop-every", type=float, default=0.2,
                         help="seconds between FADV_DONTNEED of the shard files during epochs")
     parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")
@@ -428,11 +437,11 @@ def main() -> int:
                 rounds.append(one_round(ctx, r))
         except KeyboardInterrupt:
             print("interrupted: reporting the rounds measured", file=sys.stderr)
-        if rounds:
-            report(ctx, rounds)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)
+        if rounds:
+            report(ctx, rounds)
     return 0 if rounds else 1
 
 
