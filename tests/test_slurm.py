@@ -7,6 +7,7 @@ mountpoints) is checked after each.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -76,20 +77,22 @@ def world_readable(top: str) -> None:
                 os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A running single-node Slurm plus a world-readable area: shards, a home for nobody, job folders."""
-    top = tempfile.mkdtemp(prefix="shardfs-slurm-")
+@contextlib.contextmanager
+def running_cluster(nodes: int = 1, classes: int = 3, per_class: int = 8, shards: int = 3, where: str | None = None):
+    """A running Slurm of `nodes` plus a world-readable area (made in `where`): JPEGs (src/train),
+    their shards, indexed as a data owner would, a home for nobody, job folders. Stopped and
+    removed at the end, also when starting fails."""
+    top = tempfile.mkdtemp(prefix="shardfs-slurm-", dir=where)
     os.chmod(top, 0o755)
-    c = SlurmCluster(top)
+    c = SlurmCluster(top, nodes)
     try:
         started = time.monotonic()
         c.start()
         c.start_seconds = time.monotonic() - started
-        sample.make_imagefolder(os.path.join(top, "src"), classes=3, per_class=8, side=48)
-        sample.pack_tar_round_robin(os.path.join(top, "src"), os.path.join(top, "shards"), shards=3)
+        c.train = sample.make_imagefolder(os.path.join(top, "src"), classes=classes, per_class=per_class, side=48)
+        sample.pack_tar_round_robin(os.path.join(top, "src"), os.path.join(top, "shards"), shards=shards)
         done = subprocess.run([PYTHON, "-m", "shardfs", "index", os.path.join(top, "shards")], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": REPO})  # as a data owner would
+                              text=True, env={**os.environ, "PYTHONPATH": REPO})
         assert done.returncode == 0, done.stderr
         os.mkdir(os.path.join(top, "home"))
         os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
@@ -98,6 +101,13 @@ def cluster():
     finally:
         c.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running single-node Slurm with the sample's shards."""
+    with running_cluster() as c:
+        yield c
 
 
 def job_folder(cluster: SlurmCluster, name: str, files: dict[str, str]) -> str:
@@ -156,6 +166,26 @@ def wait_until_clean(cluster: SlurmCluster, mountpoint: str | None, timeout: flo
         time.sleep(0.2)
 
 
+def wait_ready(cluster: SlurmCluster, folder: str, job: str, nodes: int = 1, timeout: float = 300) -> None:
+    """Until the job's output has a "ready" line from each of its `nodes` (failing if it ends first)."""
+    deadline = time.monotonic() + timeout
+    while output(folder).count("ready") < nodes:
+        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
+            f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}"
+        time.sleep(0.3)
+
+
+def scancel_leaves_nothing(cluster: SlurmCluster, job: str, mountpoint: str) -> None:
+    """scancel as the job's user; once Slurm no longer lists the job, nothing of it is left."""
+    done = cluster.slurm("scancel", job, user="nobody")
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 120
+    while cluster.job_state(job):
+        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
+        time.sleep(0.3)
+    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
+
+
 def test_readme_job_script_runs_as_printed(cluster):
     script = readme_job_script()
     assert script.count(SHARDS_LINE) == 1
@@ -185,21 +215,11 @@ def test_scancel_leaves_no_mount_daemon_or_mountpoint(cluster):
     job, code = sbatch(cluster, folder, *SMALL_NODE)
     assert code == 0
     mountpoint = f"/tmp/shardfs-{job}"
-    deadline = time.monotonic() + 300
-    while "ready" not in output(folder):
-        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
-            f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}"
-        time.sleep(0.3)
+    wait_ready(cluster, folder, job)
     assert "ready 3" in output(folder)  # the three class folders, through the mount
     assert mountpoint in cluster.job_mounts()
     assert leftovers(cluster)["processes"], "the job's daemon should be running now"
-    done = cluster.slurm("scancel", job, user="nobody")
-    assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 120
-    while cluster.job_state(job):
-        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
-        time.sleep(0.3)
-    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
+    scancel_leaves_nothing(cluster, job, mountpoint)
 
 
 BIG_MEMBERS, MEMBER_BYTES, BIG_SHARDS = 24, 4 << 20, 4  # 384 MiB of random bytes: more than --mem

@@ -13,8 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -23,13 +21,13 @@ from benchlib import sample
 from benchlib.cli import REPO
 from conftest import needs_fuse
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
-from test_slurm import (NOBODY, SHARDS_LINE, job_folder, json_lines, output, readme_job_script, sbatch,
-                        wait_until_clean, world_readable)
+from test_slurm import (NOBODY, SHARDS_LINE, job_folder, json_lines, output, readme_job_script, running_cluster,
+                        sbatch, scancel_leaves_nothing, wait_ready, wait_until_clean)
 
 pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]
 # The README's script asks for 2 GPU nodes of 32 cores; each node here has 2 cores and no GPU.
 TWO_NODES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=2", "--mem=3G", "--time=10"]
-CLASSES, PER_CLASS, SIDE, SHARDS = 3, 16, 48, 4
+CLASSES, PER_CLASS, SHARDS = 3, 16, 4
 
 # A real (small) distributed training: torchrun's rendezvous across the two nodes, gloo, DDP, each
 # node reading its DistributedSampler part of the ImageFolder for two epochs. Then each node hashes
@@ -96,35 +94,17 @@ time.sleep(600)
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A running two-node Slurm plus a world-readable area: shards, a home for nobody shared by the
-    nodes, job folders; the sha256 of every source file (`cluster.digests`)."""
+    """A running two-node Slurm with the sample's shards, a home for nobody shared by the nodes;
+    the sha256 of every source file (`cluster.digests`)."""
     reason = missing_parts(nodes=2)
     if reason:
         pytest.skip(f"no two-node Slurm here: {reason}")
-    top = tempfile.mkdtemp(prefix="shardfs-slurm2-", dir="/var/tmp")  # each node has its own /tmp
-    os.chmod(top, 0o755)
-    c = SlurmCluster(top, nodes=2)
-    try:
-        started = time.monotonic()
-        c.start()
-        c.start_seconds = time.monotonic() - started
-        src = os.path.join(top, "src")
-        train = sample.make_imagefolder(src, classes=CLASSES, per_class=PER_CLASS, side=SIDE)
-        sample.pack_tar_round_robin(src, os.path.join(top, "shards"), shards=SHARDS)
+    with running_cluster(2, CLASSES, PER_CLASS, SHARDS, where="/var/tmp") as c:  # each node has its own /tmp
         c.digests = {}
-        for rel in sample.files_under(train):
-            with open(os.path.join(train, rel), "rb") as f:
+        for rel in sample.files_under(c.train):
+            with open(os.path.join(c.train, rel), "rb") as f:
                 c.digests[rel] = hashlib.sha256(f.read()).hexdigest()
-        done = subprocess.run([PYTHON, "-m", "shardfs", "index", os.path.join(top, "shards")], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": REPO})  # as a data owner would
-        assert done.returncode == 0, done.stderr
-        os.mkdir(os.path.join(top, "home"))
-        os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
-        world_readable(top)
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(top, ignore_errors=True)
 
 
 def readme_job(cluster: SlurmCluster, name: str, train_py: str) -> str:
@@ -191,11 +171,7 @@ def test_two_nodes_read_storage_once_and_scancel_leaves_nothing(cluster):
     job, code = sbatch(cluster, folder, *TWO_NODES)
     assert code == 0
     mountpoint = f"/tmp/shardfs-{job}"
-    deadline = time.monotonic() + 300
-    while output(folder).count("ready") < 2:
-        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
-            f"job {job} never got ready on both nodes:\n{output(folder)}\n{cluster.logs()}"
-        time.sleep(0.3)
+    wait_ready(cluster, folder, job, nodes=2)
     ready = sorted(line for line in output(folder).splitlines() if line.startswith("ready"))
     assert ready == [f"ready {n.name} {CLASSES}" for n in cluster.nodes]  # the class folders, through each mount
     check_halves(cluster, sorted(json_lines(output(folder)), key=lambda r: r["rank"]))
@@ -207,10 +183,4 @@ def test_two_nodes_read_storage_once_and_scancel_leaves_nothing(cluster):
         assert done.returncode == 0, done.stderr
         stats.append(json.loads(done.stdout))
     storage_once(cluster, stats)
-    done = cluster.slurm("scancel", job, user="nobody")
-    assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 120
-    while cluster.job_state(job):
-        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
-        time.sleep(0.3)
-    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
+    scancel_leaves_nothing(cluster, job, mountpoint)

@@ -49,31 +49,20 @@ import threading
 import time
 
 import bench_dataset
-from benchlib import capped, machine
+from benchlib import machine
 from benchlib.caches import drop_caches
-from benchlib.capped import ReadCap, run, shard_files
-from benchlib.cli import REPO
+from benchlib.capped import ReadCap, shard_files
 from benchlib.machine import Others, proc_status
-from benchlib.mounts import Mounts
+from benchlib.mounts import Mounts, sigterm_unwinds
 from benchlib.tables import cell, median
 
 from shardfs.storage.memory import parse_size
 
-MARKER_VERSION = 1
-JPEG_BYTES = 110_000  # ImageNet train mean
 KILL_AT = 0.25  # of epoch 2's files read by all nodes together
 
 
 # ---------------------------------------------------------------------------------------------
-# the dataset on the capped shared storage, and its digests
-
-
-def fill_dataset(args, shared: str) -> dict:
-    args.images = args.dataset_size // JPEG_BYTES
-    jpegs = bench_dataset.make_jpegs(args, shared)
-    shards = bench_dataset.make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
-    return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
-            "packer": shards["packer"]}
+# the dataset's digests; keeping one node's storage reads from serving another
 
 
 def source_digests(shared: str) -> dict[str, str]:
@@ -395,25 +384,13 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
-    main_pid = os.getpid()
-
-    def on_term(signum, _frame):
-        if os.getpid() != main_pid:  # a forked reader: just go
-            os._exit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack, which undoes everything
-
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_unwinds()
     ctx = Ctx()
     ctx.args, ctx.work = args, os.path.abspath(args.workdir)
     os.makedirs(ctx.work, exist_ok=True)
-    print(f"command: python3 {' '.join(sys.argv)}")
-    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
-    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
+    machine.print_header(ctx.work)
     with contextlib.ExitStack() as stack:
-        want = {"version": MARKER_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
-                "side": args.side, "shard_size": args.shard_size}
-        ctx.shared, ctx.dev, ctx.marker = capped.dataset(ctx.work, want, int(args.dataset_size * 2.4) + (256 << 20),
-                                                         lambda shared: fill_dataset(args, shared), args.rebuild, stack)
+        ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)
         ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
         for i in range(args.nodes):

@@ -37,45 +37,24 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 
 import bench_dataset
-from benchlib import capped, machine
+from benchlib import machine
 from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, device_read_bytes, run, shard_files
-from benchlib.cli import REPO, shardfs
+from benchlib.cli import shardfs
 from benchlib.machine import Others, proc_status
-from benchlib.mounts import Mounts
+from benchlib.mounts import Mounts, sigterm_unwinds
 from benchlib.readers import read_all, timed_listing
 from benchlib.tables import cell, median
 
 from shardfs.storage.memory import parse_size
 
-MARKER_VERSION = 1
-JPEG_BYTES = 110_000  # ImageNet train mean
-
 
 # ---------------------------------------------------------------------------------------------
-# the dataset: JPEGs (src/train/<class>/) and tar shards (shards/) on the shared storage
-
-
-def fill_dataset(args, shared: str) -> dict:
-    """tools/bench.py's JPEGs and `shardfs pack` shards, made on the shared storage."""
-    args.images = args.dataset_size // JPEG_BYTES
-    jpegs = bench_dataset.make_jpegs(args, shared)
-    shards = bench_dataset.make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
-    return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
-            "make_s": jpegs["seconds"], "pack_s": shards["seconds"], "packer": shards["packer"]}
-
-
-def dataset(args, work: str, stack: contextlib.ExitStack) -> tuple[str, str, dict]:
-    """The shared storage, attached, with its dataset (made when marker.json does not match)."""
-    want = {"version": MARKER_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
-            "side": args.side, "shard_size": args.shard_size}
-    return capped.dataset(work, want, int(args.dataset_size * 2.4) + (256 << 20),
-                          lambda shared: fill_dataset(args, shared), args.rebuild, stack)
+# the dataset (bench_dataset.on_capped_storage): JPEGs and tar shards on the shared storage
 
 
 def index_bytes(shared: str) -> int:
@@ -300,22 +279,13 @@ def main() -> int:
     if os.geteuid() != 0:
         parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
 
-    main_pid = os.getpid()
-
-    def on_term(signum, _frame):
-        if os.getpid() != main_pid:  # a forked reader: just go
-            os._exit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack, which undoes everything
-
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_unwinds()
     ctx = Ctx()
     ctx.args, ctx.work = args, os.path.abspath(args.workdir)
     os.makedirs(ctx.work, exist_ok=True)
-    print(f"command: python3 {' '.join(sys.argv)}")
-    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
-    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
+    machine.print_header(ctx.work)
     with contextlib.ExitStack() as stack:
-        ctx.shared, ctx.dev, ctx.marker = dataset(args, ctx.work, stack)
+        ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)
         ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
         ctx.disk_cache = os.path.join(ctx.work, "disk-cache")

@@ -177,3 +177,14 @@ def facts(work: str) -> dict:
 def describe(f: dict) -> str:
     """One line for the output: the facts a reader needs to compare figures."""
     return ", ".join(f"{k}={v}" for k, v in f.items())
+
+
+def print_header(work: str) -> None:
+    """A run's first lines: its command, the machine and the commit of the code measured."""
+    import sys
+
+    from .cli import REPO
+
+    print(f"command: python3 {' '.join(sys.argv)}")
+    print(f"machine: {describe(facts(work))}, load {os.getloadavg()[0]:.1f}")
+    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
