@@ -3,12 +3,15 @@ server, serving shards to each other. Every file read through every node is chec
 shared storage is read about once per dataset; a peer killed or frozen during reads costs no
 reader an error; damaged or foreign replies are never served; requests without the key are refused."""
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -16,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from conftest import drop_page_cache, needs_fuse, shardfs_cmd
+from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
 from test_disk_tier import tar_bytes, write_shards
 from shardfs.service.daemon import _peers_status
 from shardfs.storage.peers import auth, owner
@@ -48,9 +51,9 @@ def key_file(tmp_path, monkeypatch):
 def nodes(mount, key_file, monkeypatch):
     """``nodes(sources, options=..., faults={i: fault})``: one mount per source, all peers of each other."""
 
-    def start(sources: list, options=(), faults: dict | None = None, each=None):
+    def start(sources: list, options=(), faults: dict | None = None, each=None, peers=None):
         """``each(i, address, peers)``: options of node i alone."""
-        peers = addresses(len(sources))
+        peers = peers or addresses(len(sources))
         made = []
         for i, (src, me) in enumerate(zip(sources, peers)):
             if faults and i in faults:
@@ -128,10 +131,18 @@ def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
     assert "; peers 3 up, 0 down" in _peers_status(a.stats()["peers"])  # the service's STATUS line
 
 
+def owned(shards, peers: list[str], me: str) -> list:
+    """The shard files node ``me`` owns, by the rule every node applies."""
+    return [p for p in shards.glob("*.tar")
+            if owner.owner(owner.identity(str(p), p.stat().st_size, p.stat().st_mtime_ns), peers) == me]
+
+
 def owned_bytes(shards, peers: list[str], me: str) -> int:
-    """What node ``me`` owns of the shards, by the rule every node applies."""
-    return sum(p.stat().st_size for p in shards.glob("*.tar")
-               if owner.owner(owner.identity(str(p), p.stat().st_size, p.stat().st_mtime_ns), peers) == me)
+    return sum(p.stat().st_size for p in owned(shards, peers, me))
+
+
+def shards_owned_by(shards, peers: list[str], me: str) -> int:
+    return len(owned(shards, peers, me))
 
 
 def test_the_nodes_ram_adds_up_owned_shards_go_first(nodes, tmp_path):
@@ -169,6 +180,7 @@ def test_owners_serve_from_their_disk_tier(nodes, dataset, tmp_path):
         assert m.stats()["peers"]["bytes_from_peers"] > 0
 
 
+@pytest.mark.slow
 def test_without_peers_every_node_reads_storage_itself(mount, dataset):
     """The baseline: three mounts of one dataset read it three times."""
     shards, digests = dataset
@@ -199,7 +211,11 @@ def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes
         wait_for(lambda: a.stats()["peers"]["bytes_from_peers"] > 0)
         os.kill(c.pid, signal.SIGKILL)
         wait_for(passes_after(2))
-        assert c.address in a.stats()["peers"]["down"]
+        figures = a.stats()["peers"]
+        assert c.address in figures["down"]
+        # C's shards fell to the next peer in their own order; A keeps those that fell to it first.
+        survivors = [a.address, *(p for p in figures["failures_by_peer"] if p not in figures["down"])]
+        assert figures["shards_owned"] == shards_owned_by(shards, survivors, a.address)
         os.kill(b.pid, signal.SIGSTOP)
         try:
             wait_for(passes_after(2), timeout=60)
@@ -320,3 +336,113 @@ def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path,
         assert peers is None
     else:
         assert peers["self"] == expect[0] and peers["peers"] == len(expect)
+
+
+def rewrite_in_place(shards) -> dict:
+    """A new version of every shard, of the same size: each first member's bytes flipped, a later
+    mtime. Returns {member: sha256} of the new version."""
+    digests = {}
+    for path in sorted(shards.glob("*.tar")):
+        with tarfile.open(path) as tf:
+            first = tf.getmembers()[0]
+        with open(path, "r+b") as f:
+            f.seek(first.offset_data)
+            head = f.read(16)
+            f.seek(first.offset_data)
+            f.write(bytes(b ^ 0xFF for b in head))
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                digests[m.name] = hashlib.sha256(tf.extractfile(m).read()).hexdigest()
+    return digests
+
+
+def test_a_peer_holding_an_older_version_of_a_shard_is_never_trusted(nodes, dataset, tmp_path):
+    """Node 0 mounts the shards and reads them all into its RAM cache, then they change in place
+    (same sizes), then node 1 mounts them: node 1 serves the new bytes, never node 0's."""
+    shards, digests = dataset
+    changed = {}
+
+    def change_before_node_1(i, me, peers):
+        if i == 1:
+            assert check_all(str(tmp_path / "node0"), digests) == []  # the mount fixture's path
+            changed.update(rewrite_in_place(shards))
+        return ()
+
+    older, newer = nodes([shards] * 2, each=change_before_node_1)
+    assert check_all(newer.path, changed) == []
+    assert newer.stats()["peers"]["bytes_from_peers"] == 0
+
+
+def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file):
+    """Through the Python API; SIGHUP on both nodes: the new shards' files, from their owners."""
+    import shardfs
+
+    shards = tmp_path / "shards"
+    digests = write_shards(shards, shards=2, members=4, largest=200_000)
+    peers = addresses(2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with shardfs.mounted(shards, tmp_path / "a", peers=peers, peer_self=peers[0]) as a, \
+            shardfs.mounted(shards, tmp_path / "b", peers=peers, peer_self=peers[1]) as b:
+        assert check_all(a, digests) == []
+        digests.update(write_shards(shards, seed=8, shards=6, members=4, largest=200_000, first=2))
+        for root in (a, b):
+            os.kill(json.loads(os.getxattr(root, "user.shardfs.stats"))["pid"], signal.SIGHUP)
+        for root in (a, b):
+            wait_for(lambda: json.loads(os.getxattr(root, "user.shardfs.stats"))["shards"] == 8)
+        assert check_all(a, digests) == [] and check_all(b, digests) == []
+        figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
+        assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
+        assert all(f["bytes_from_peers"] > 0 for f in figures)
+
+
+@contextlib.contextmanager
+def hanging_storage(tmp_path, src, name: str, flag):
+    """``src`` behind a FUSE layer (faultyfs.py) whose reads of shard ``name`` block while ``flag``
+    exists, as on a busy or hung network filesystem."""
+    mnt = tmp_path / "storage"
+    mnt.mkdir()
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "faultyfs.py"), str(src),
+                             str(mnt), name, "0", str(1 << 40), str(flag)], stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None)
+        assert proc.poll() is None, "faultyfs did not mount"
+        yield mnt
+    finally:
+        flag.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
+        force_unmount(str(mnt))
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
+    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
+    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
+    no node reads that shard from storage but the owner."""
+    src = tmp_path / "src"
+    digests = write_shards(src, shards=4, members=4, largest=200_000)
+    peers = addresses(2)
+    reader, owner_node = peers
+    mnt = tmp_path / "storage"
+    slow = next(p.name for p in sorted(src.glob("*.tar"))
+                if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
+                == owner_node)
+    flag = tmp_path / "hang"
+    with hanging_storage(tmp_path, src, slow, flag) as storage:
+        a, b = nodes([storage] * 2, peers=peers)
+        with tarfile.open(src / slow) as tf:
+            name = tf.getmembers()[0].name
+        flag.touch()
+        got = []
+        thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
+        thread.start()
+        try:
+            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+        finally:
+            flag.unlink()
+            thread.join(timeout=60)
+        assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
+        figures = a.stats()["peers"]
+        assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0

@@ -149,3 +149,53 @@ def test_a_slurm_job_of_several_nodes_makes_its_nodes_peers(tmp_path):
     assert slurm_peers(env) == (["node1:13456", "node2:13456", "node3:13456"], "node2:13456")
     assert slurm_peers({**env, "SLURM_JOB_NODELIST": "node1"}) == (None, None)  # one node: today's behaviour
     assert slurm_peers({k: v for k, v in env.items() if k != "SLURM_JOB_ID"}) == (None, None)
+
+
+def _shards(tmp_path, count: int, size: int) -> list:
+    from shardfs.storage.local import LocalShard
+
+    shards = []
+    for i in range(count):
+        path = tmp_path / f"{i}.tar"
+        path.write_bytes(bytes([i]) * size)
+        st = path.stat()
+        shards.append(LocalShard(str(path), st.st_size, st.st_mtime_ns))
+    return shards
+
+
+def test_owned_shards_evict_others_from_the_ram_cache_others_only_take_room(tmp_path):
+    from shardfs.storage.ram import CHUNK, ShardCache
+
+    a, b, mine, c = _shards(tmp_path, 4, CHUNK)
+    cache = ShardCache([], 2 * CHUNK, keep_first=lambda shard: shard is mine)
+    try:
+        for shard in (a, b):
+            assert bytes(cache.fetch(shard, 0, 10)) == bytes([int(os.path.basename(shard.path)[0])]) * 10
+        assert set(cache.resident) == {a, b}  # room for two, taken by shards we do not own
+        assert bytes(cache.fetch(mine, 0, 10)) == b"\x02" * 10
+        assert mine in cache.resident and len(cache.resident) == 2  # evicted one of them, though in use
+        cache.fetch(c, 0, 10)
+        assert c not in cache.resident and mine in cache.resident  # read directly: never evicts ours
+    finally:
+        cache.close()
+
+
+def test_owned_shards_evict_others_from_the_disk_tier_others_only_take_room(tmp_path):
+    from shardfs.storage import tierfile
+    from shardfs.storage.disk import DiskTier
+
+    a, b, theirs, mine = _shards(tmp_path, 4, tierfile.CHUNK)
+    bound = str(2 * (tierfile.CHUNK + 8192))  # two shards and their headers
+    first = DiskTier(str(tmp_path / "tier"), bound)
+    for shard in (a, b):
+        first.pread(shard, 0, 100)
+    first.close()  # two idle files, the tier full
+    tier = DiskTier(str(tmp_path / "tier"), bound, keep_first=lambda shard: shard is mine)
+    try:
+        assert tier.pread(theirs, 0, 100) == b"\x02" * 100
+        assert tier.snapshot()["shards_evicted"] == 0 and tier.snapshot()["shards_refused"] == 1
+        assert tier.pread(mine, 0, 100) == b"\x03" * 100
+        assert tier.snapshot()["shards_evicted"] == 1
+        assert mine.path in {c.source for c in tierfile.describe(str(tmp_path / "tier"))}
+    finally:
+        tier.close()

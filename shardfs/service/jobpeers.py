@@ -13,6 +13,9 @@ import logging
 import os
 import subprocess
 
+from shardfs.errors import UsageError
+from shardfs.storage.peers.addresses import pick_self
+
 log = logging.getLogger("shardfs")
 
 PORT_BASE, PORT_SPAN = 10000, 10000
@@ -40,4 +43,9 @@ def slurm_peers(env: dict | None = None) -> tuple[list[str] | None, str | None]:
         return None, None
     port = job_port(job)
     me = env.get("SLURMD_NODENAME")
-    return [f"{host}:{port}" for host in hosts], (f"{me}:{port}" if me in hosts else None)
+    peers = [f"{host}:{port}" for host in hosts]
+    try:  # peers are on by default here: a node that cannot tell which one it is goes without
+        return peers, pick_self(peers, f"{me}:{port}" if me in hosts else None)
+    except UsageError as exc:
+        log.warning("no peers for this job: %s", exc)
+        return None, None

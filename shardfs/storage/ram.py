@@ -199,6 +199,17 @@ class ShardCache:
             with res.cond:
                 res.busy -= 1
 
+    def loaded(self, shard: Shard, offset: int, length: int) -> memoryview | None:
+        """The bytes if the cache holds them all now, else None: never reads nor waits (for
+        callers on an event loop, such as the peer server)."""
+        res = self.resident.get(shard)
+        chunks = range(offset // CHUNK, (offset + length - 1) // CHUNK + 1)
+        if res is None or any(res.state[chunk] != LOADED for chunk in chunks):
+            return None
+        res.last_used = time.monotonic()
+        self._count("hits")
+        return memoryview(res.buf)[offset : offset + length]
+
     def _ensure(self, res: Resident, first: int, last: int) -> bool:
         """Make chunks first..last loaded: read the missing ones here, wait for claimed ones.
 

@@ -34,6 +34,13 @@ def load_or_create(path: str | None = None) -> bytes:
     """The user's peer key; made on first use. UsageError if others could read it."""
     path = path or key_path()
     try:
+        return _made_or_read(path)
+    except OSError as exc:  # a home we cannot write, a file we cannot read
+        raise UsageError(f"peer key {path}: {exc.strerror or exc}") from None
+
+
+def _made_or_read(path: str) -> bytes:
+    try:
         return _read(path)
     except FileNotFoundError:
         pass

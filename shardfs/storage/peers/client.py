@@ -5,8 +5,9 @@ A reply counts only if it is 206 for exactly the range asked, names the shard as
 as many bytes as asked, their CRC-32 matches the one sent, and its HMAC proves it comes from a
 holder of our key for this request and this body. Anything else is a failure of that peer.
 
-A peer that refuses, resets, sends no byte within FIRST_BYTE_S, or sends far slower than the
-peers do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
+A peer that refuses, resets, does not answer within FIRST_BYTE_S (a reply, or else a sign of
+life: an owner may be reading the shard from storage first), or sends far slower than the peers
+do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
 it again; it is *up* again as soon as a reply passes. Host names are resolved at connect time
 (getaddrinfo: /etc/hosts and DNS), as a node's name may resolve only on the nodes themselves.
 """
@@ -24,7 +25,7 @@ from shardfs.storage.peers import auth
 
 log = logging.getLogger(__name__)
 
-FIRST_BYTE_S = 2.0  # no connection or no byte for this long: the peer is too slow (or frozen)
+FIRST_BYTE_S = 2.0  # no connection, or no reply nor sign of life, for this long: the peer is down
 MIN_RATE = 5e6  # bytes/s: a transfer slower than this is far below any healthy peer here
 SLOW_SHARE = 0.1  # ... as is one slower than this share of the running average
 RATE_SAMPLE = 1 << 20  # replies this large or larger make the running average (smaller: latency)
@@ -54,7 +55,7 @@ class PeerClient:
         self._aiohttp = aiohttp
         self.key = key
         self.health = {peer: Health() for peer in peers if peer != me}
-        self.counts = dict(bytes_from_peers=0, requests=0, failures=0)
+        self.counts = dict(bytes_from_peers=0, requests=0, failures=0, waits_for_owner=0)
         self.rate = 0.0  # bytes/s of large replies, a running average over all peers
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -72,7 +73,11 @@ class PeerClient:
     # ---- health ---------------------------------------------------------------------
 
     def usable(self, peer: str) -> bool:
+        """Not down, or down and due for another try."""
         return time.monotonic() >= self.health[peer].down_until
+
+    def is_down(self, peer: str) -> bool:
+        return self.health[peer].down_since is not None
 
     def _failed(self, peer: str, why: str, down: bool) -> None:
         with self._lock:
@@ -111,38 +116,79 @@ class PeerClient:
     # ---- fetching -------------------------------------------------------------------
 
     def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float) -> bytes:
-        """The checked bytes, or PeerFailure (the peer's health updated either way)."""
+        """The checked bytes within ``budget`` seconds, or PeerFailure (the peer's health updated)."""
         with self._lock:
             self.counts["requests"] += 1
             slowest = max(MIN_RATE, SLOW_SHARE * self.rate)
-        timeout = min(budget, FIRST_BYTE_S + length / slowest)
-        began = time.monotonic()
-        future = asyncio.run_coroutine_threadsafe(self._get(peer, digest, offset, length, timeout), self._loop)
+        work = self._get(peer, digest, offset, length, budget, FIRST_BYTE_S + length / slowest)
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
-            data = future.result(timeout + 1)
+            data, seconds, headers, proof = future.result(budget + FIRST_BYTE_S + 1)
+            self._check(headers, data, digest, offset, length, proof)  # here: the event loop goes on
         except PeerFailure as exc:
             self._failed(peer, str(exc), exc.down)
             raise
-        except (self._aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (self._aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError) as exc:
             future.cancel()
-            why = f"no answer within {timeout:.1f} s" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            why = str(exc) or type(exc).__name__
             self._failed(peer, why, True)
             raise PeerFailure(why) from None
-        self._ok(peer, len(data), time.monotonic() - began)
+        self._ok(peer, len(data), seconds)
         return data
 
-    async def _get(self, peer: str, digest: str, offset: int, length: int, timeout: float) -> bytes:
-        aiohttp = self._aiohttp
+    async def _get(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
+        """(body, seconds its transfer took, headers, the request's proof), unchecked. An owner may need a while to read a shard from
+        storage before it replies: while no reply comes, the peer is asked every FIRST_BYTE_S
+        whether it is alive at all; one that is not (frozen, gone) fails at once, one that is
+        gets the whole ``budget`` (then fails without being marked down)."""
+        asking = asyncio.ensure_future(self._request(peer, digest, offset, length, budget, transfer))
+        try:
+            while True:
+                done, _ = await asyncio.wait({asking}, timeout=FIRST_BYTE_S)
+                if done:
+                    return asking.result()
+                if not await self._alive(peer):
+                    raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s")
+                with self._lock:
+                    self.counts["waits_for_owner"] += 1
+        finally:
+            asking.cancel()  # nothing when it is done
+
+    async def _alive(self, peer: str) -> bool:
+        try:
+            async with self._session.get(f"http://{peer}/alive",
+                                         timeout=self._aiohttp.ClientTimeout(total=FIRST_BYTE_S)) as reply:
+                return reply.status == 204
+        except (self._aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _request(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
         target = f"/shard/{digest}"
         byte_range = f"bytes={offset}-{offset + length - 1}"
         proof = auth.sign_request(self.key, "GET", target, byte_range)
-        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=FIRST_BYTE_S, sock_read=FIRST_BYTE_S)
-        async with self._session.get(f"http://{peer}{target}", headers={"Range": byte_range, auth.HEADER: proof},
-                                     timeout=limits) as reply:
+        try:
+            body, seconds, headers = await asyncio.wait_for(
+                self._exchange(f"http://{peer}{target}", byte_range, proof, length, transfer), budget)
+        except asyncio.TimeoutError:
+            raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False) from None
+        return body, seconds, headers, proof
+
+    async def _exchange(self, url: str, byte_range: str, proof: str, length: int, transfer: float):
+        limits = self._aiohttp.ClientTimeout(total=None, sock_connect=FIRST_BYTE_S)
+        async with self._session.get(url, headers={"Range": byte_range, auth.HEADER: proof}, timeout=limits) as reply:
             if reply.status != 206:
-                raise PeerFailure(f"HTTP {reply.status}: {(await reply.text())[:200]}", down=reply.status != 404)
-            body = await reply.read()
-            h = reply.headers
+                why = (await reply.content.read(200)).decode("utf-8", "replace")
+                raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
+            if reply.content_length != length:  # before reading a body we would not use
+                raise PeerFailure(f"reply of {reply.content_length} bytes for {length}")
+            began = time.monotonic()  # the owner sends a reply whole, once it has the bytes
+            try:
+                body = await asyncio.wait_for(reply.read(), transfer)
+            except asyncio.TimeoutError:
+                raise PeerFailure(f"sent {length} bytes far slower than the peers do") from None
+            return body, time.monotonic() - began, reply.headers
+
+    def _check(self, h, body: bytes, digest: str, offset: int, length: int, proof: str) -> None:
         try:
             crc = int(h.get("X-Shardfs-Crc32", ""))
         except ValueError:
@@ -157,7 +203,6 @@ class PeerClient:
             raise PeerFailure("reply not signed with our key")
         if zlib.crc32(body) != crc:
             raise PeerFailure("reply failed its checksum")
-        return body
 
     def close(self) -> None:
         try:

@@ -36,9 +36,9 @@ class PeerNet:
         self._shards[wrapped.digest] = wrapped
         return wrapped
 
-    def ready(self, read) -> None:
-        """Serve peers: ``read(shard, offset, length)`` gives the bytes (the RAM cache's fetch)."""
-        self.server.ready(read)
+    def ready(self, read, loaded) -> None:
+        """Serve peers from the RAM cache: ``read`` its fetch, ``loaded`` what it holds now."""
+        self.server.ready(read, loaded)
 
     @staticmethod
     def owns(shard: Shard) -> bool:

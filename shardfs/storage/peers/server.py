@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import os
 import threading
@@ -48,7 +49,7 @@ class PeerServer:
     def __init__(self, address: str, key: bytes, find):
         """``find(digest)``: our shard of that identity, or None."""
         self.address, self.key, self.find = address, key, find
-        self.read = None  # set by ready(): until then requests get 503
+        self.read = self.loaded = None  # set by ready(): until then requests get 503
         self.fault = os.environ.get(FAULT_ENV)
         self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0)
         self._lock = threading.Lock()
@@ -62,8 +63,10 @@ class PeerServer:
         threading.Thread(target=self._run, args=(started,), name="shardfs-peer-server", daemon=True).start()
         started.result()
 
-    def ready(self, read) -> None:
-        self.read = read
+    def ready(self, read, loaded) -> None:
+        """``read(shard, offset, length)``: the bytes (may read storage, wait); ``loaded(...)``:
+        the bytes if they are at hand now, else None (answered on the event loop, no thread hop)."""
+        self.read, self.loaded = read, loaded
 
     def _run(self, started: Future) -> None:
         from aiohttp import web
@@ -71,6 +74,7 @@ class PeerServer:
         loop = self._loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_get("/shard/{digest}", self._shard)
+        app.router.add_get("/alive", self._alive)  # no data, no key: a sign of life while a read takes long
         self._runner = web.AppRunner(app, access_log=None)
         host, port = split(self.address)
         try:
@@ -83,11 +87,31 @@ class PeerServer:
             return
         started.set_result(None)
         log.info("serving shards to peers at %s", self.address)
+        self._warn_if_unreachable(host)
         loop.run_forever()
+
+    def _warn_if_unreachable(self, host: str) -> None:
+        """A node's name that resolves to loopback here (Debian's 127.0.1.1 line in /etc/hosts)
+        puts the server where no other machine reaches it. (An address given as such is meant.)"""
+        try:
+            ipaddress.ip_address(host)
+            return
+        except ValueError:
+            pass
+        bound = [ipaddress.ip_address(address[0]) for address in self._runner.addresses]
+        if bound and all(address.is_loopback for address in bound):
+            log.warning("peer address %s: %s resolves to %s on this node, where no other node can reach it; "
+                        "name this node by its cluster address in --peers and --peer-self", self.address, host,
+                        ", ".join(map(str, bound)))
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.counts[key] += n
+
+    async def _alive(self, request):
+        from aiohttp import web
+
+        return web.Response(status=204)
 
     async def _shard(self, request):
         from aiohttp import web
@@ -113,11 +137,15 @@ class PeerServer:
         if offset is None or end is None or not 0 <= offset < end <= shard.size or wanted.step not in (None, 1):
             return web.Response(status=416, text=f"expected a range within {shard.size} bytes")
         try:
-            data = await asyncio.get_running_loop().run_in_executor(self._pool, self.read, shard, offset, end - offset)
+            data = self.loaded(shard, offset, end - offset)
+            if data is not None:
+                crc = zlib.crc32(data)
+            else:
+                data, crc = await asyncio.get_running_loop().run_in_executor(self._pool, self._read, shard, offset,
+                                                                             end - offset)
         except ShardIOError as exc:
             self._count("requests_failed")
             return web.Response(status=503, text=str(exc))
-        crc = zlib.crc32(data)
         headers = {"Content-Range": f"bytes {offset}-{end - 1}/{shard.size}", "X-Shardfs-Shard": shard.digest,
                    "X-Shardfs-Crc32": str(crc), "X-Shardfs-Proof": auth.sign_reply(self.key, proof, crc, len(data))}
         if self.fault:
@@ -125,6 +153,11 @@ class PeerServer:
         self._count("requests_served")
         self._count("bytes_to_peers", len(data))
         return web.Response(status=206, body=data, headers=headers)
+
+    def _read(self, shard, offset: int, length: int):
+        """The bytes and their CRC-32 (on a pool thread: the event loop serves others meanwhile)."""
+        data = self.read(shard, offset, length)
+        return data, zlib.crc32(data)
 
     def _damage(self, data, headers: dict):
         data = bytearray(data)

@@ -32,8 +32,16 @@ class PeerShard(Shard):
         ident = owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag)
         self.digest = owner.digest(ident)
         self.order = owner.order(ident, net.peers)
-        self.owned = self.order[0] == net.me
         self._lacking: dict[str, float] = {}  # peer -> until when it is taken not to hold this shard
+
+    @property
+    def owned(self) -> bool:
+        """Whether this node is the first peer in the shard's order not known to be down: its
+        owner, or whom the shard fell to (then it keeps the shard first, as the owner did)."""
+        for peer in self.order:
+            if peer == self.net.me or not self.net.client.is_down(peer):
+                return peer == self.net.me
+        return True
 
     # One state for both: the inner shard marks itself broken (a changed file), and so may we.
     # (A shard is never mended: Shard.__init__'s None leaves a broken inner one broken.)
