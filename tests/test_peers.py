@@ -328,7 +328,8 @@ def slurm_job_env(tmp_path, job_id: str, nodes: str, me: str) -> dict:
 def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path, key_file, extra, expect):
     shards, _ = dataset
     env = slurm_job_env(tmp_path, "1234", "127.0.0.[2-3]", "127.0.0.2")
-    show = "import json, os; print(json.dumps(json.loads(os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats')).get('peers')))"
+    show = ("import json, os; figures = os.getxattr(os.environ['SHARDFS_MOUNT'], 'user.shardfs.stats'); "
+            "print(json.dumps(json.loads(figures).get('peers')))")
     done = shardfs_cmd("run", shards, tmp_path / "mnt", *extra, "--", sys.executable, "-c", show, env=env)
     assert done.returncode == 0, done.stderr
     peers = json.loads(done.stdout)
@@ -432,17 +433,21 @@ def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_
     flag = tmp_path / "hang"
     with hanging_storage(tmp_path, src, slow, flag) as storage:
         a, b = nodes([storage] * 2, peers=peers)
-        with tarfile.open(src / slow) as tf:
-            name = tf.getmembers()[0].name
-        flag.touch()
-        got = []
-        thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
-        thread.start()
         try:
-            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
-        finally:
-            flag.unlink()
-            thread.join(timeout=60)
-        assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
-        figures = a.stats()["peers"]
-        assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+            with tarfile.open(src / slow) as tf:
+                name = tf.getmembers()[0].name
+            flag.touch()
+            got = []
+            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
+            thread.start()
+            try:
+                wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            finally:
+                flag.unlink()
+                thread.join(timeout=60)
+            assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
+            figures = a.stats()["peers"]
+            assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+        finally:  # the nodes before the storage they read
+            for node in (a, b):
+                force_unmount(node.path, node.pid)

@@ -227,7 +227,8 @@ class Daemon:
         return (f"{snap['fuse_ops'].get('read', 0)} reads, {snap['bytes_served'] / 1e9:.2f} GB served; "
                 f"cache {cache['used_bytes'] / 2**30:.1f}/{cache['budget_bytes'] / 2**30:.1f} GiB, "
                 f"{cache['shards_cached']} shards cached; storage {cache['storage_bytes_read'] / 1e9:.2f} GB "
-                f"at {cache['storage_read_rate_MBps']:.0f} MB/s" + (_disk_status(self.disk.snapshot()) if self.disk else "")
+                f"at {cache['storage_read_rate_MBps']:.0f} MB/s"
+                + (_disk_status(self.disk.snapshot()) if self.disk else "")
                 + (_peers_status(self.peers.figures()) if self.peers else ""))
 
     def _log_summary(self, seconds: float) -> None:

@@ -7,9 +7,10 @@ holder of our key for this request and this body. Anything else is a failure of 
 
 A peer that refuses, resets, does not answer within FIRST_BYTE_S (a reply, or else a sign of
 life: an owner may be reading the shard from storage first), or sends far slower than the peers
-do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a backoff (1 s, doubling to 60 s) after which one request tries
-it again; it is *up* again as soon as a reply passes. Host names are resolved at connect time
-(getaddrinfo: /etc/hosts and DNS), as a node's name may resolve only on the nodes themselves.
+do (a tenth of the running average of replies, at least MIN_RATE) is *down*: skipped for a
+backoff (1 s, doubling to 60 s), after which a request tries it again; it is *up* again as soon
+as a reply passes. Host names are resolved at connect time (getaddrinfo: /etc/hosts and DNS),
+as a node's name may resolve only on the nodes themselves.
 """
 
 from __future__ import annotations
@@ -137,20 +138,39 @@ class PeerClient:
         return data
 
     async def _get(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
-        """(body, seconds its transfer took, headers, the request's proof), unchecked. An owner may need a while to read a shard from
-        storage before it replies: while no reply comes, the peer is asked every FIRST_BYTE_S
-        whether it is alive at all; one that is not (frozen, gone) fails at once, one that is
-        gets the whole ``budget`` (then fails without being marked down)."""
-        asking = asyncio.ensure_future(self._request(peer, digest, offset, length, budget, transfer))
+        """(body, seconds its transfer took, headers, the request's proof), unchecked.
+
+        An owner may need a while to read a shard from storage before it replies: while no reply
+        comes, the peer is asked every FIRST_BYTE_S whether it is alive at all; one that is not
+        (frozen, gone) fails at once, one that is gets the whole ``budget`` (then fails without
+        being marked down). Once the reply has begun, its body gets ``transfer`` seconds."""
+        target = f"/shard/{digest}"
+        byte_range = f"bytes={offset}-{offset + length - 1}"
+        proof = auth.sign_request(self.key, "GET", target, byte_range)
+        began: list[float] = []  # when the reply's head arrived
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + budget
+        asking = asyncio.ensure_future(self._exchange(f"http://{peer}{target}", byte_range, proof, length, began))
         try:
             while True:
-                done, _ = await asyncio.wait({asking}, timeout=FIRST_BYTE_S)
+                now = loop.time()
+                if began:
+                    wait = began[0] + transfer - now
+                    if wait <= 0:
+                        raise PeerFailure(f"sent {length} bytes far slower than the peers do")
+                elif now >= ends:
+                    raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False)
+                else:
+                    wait = min(FIRST_BYTE_S, ends - now)
+                done, _ = await asyncio.wait({asking}, timeout=wait)
                 if done:
-                    return asking.result()
-                if not await self._alive(peer):
-                    raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s")
-                with self._lock:
-                    self.counts["waits_for_owner"] += 1
+                    body, headers = asking.result()
+                    return body, loop.time() - began[0], headers, proof
+                if not began and loop.time() < ends:
+                    if not await self._alive(peer):
+                        raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s")
+                    with self._lock:
+                        self.counts["waits_for_owner"] += 1
         finally:
             asking.cancel()  # nothing when it is done
 
@@ -162,18 +182,7 @@ class PeerClient:
         except (self._aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
-    async def _request(self, peer: str, digest: str, offset: int, length: int, budget: float, transfer: float):
-        target = f"/shard/{digest}"
-        byte_range = f"bytes={offset}-{offset + length - 1}"
-        proof = auth.sign_request(self.key, "GET", target, byte_range)
-        try:
-            body, seconds, headers = await asyncio.wait_for(
-                self._exchange(f"http://{peer}{target}", byte_range, proof, length, transfer), budget)
-        except asyncio.TimeoutError:
-            raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False) from None
-        return body, seconds, headers, proof
-
-    async def _exchange(self, url: str, byte_range: str, proof: str, length: int, transfer: float):
+    async def _exchange(self, url: str, byte_range: str, proof: str, length: int, began: list):
         limits = self._aiohttp.ClientTimeout(total=None, sock_connect=FIRST_BYTE_S)
         async with self._session.get(url, headers={"Range": byte_range, auth.HEADER: proof}, timeout=limits) as reply:
             if reply.status != 206:
@@ -181,12 +190,8 @@ class PeerClient:
                 raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
             if reply.content_length != length:  # before reading a body we would not use
                 raise PeerFailure(f"reply of {reply.content_length} bytes for {length}")
-            began = time.monotonic()  # the owner sends a reply whole, once it has the bytes
-            try:
-                body = await asyncio.wait_for(reply.read(), transfer)
-            except asyncio.TimeoutError:
-                raise PeerFailure(f"sent {length} bytes far slower than the peers do") from None
-            return body, time.monotonic() - began, reply.headers
+            began.append(asyncio.get_running_loop().time())  # the owner sends a reply whole, once it has the bytes
+            return await reply.read(), reply.headers
 
     def _check(self, h, body: bytes, digest: str, offset: int, length: int, proof: str) -> None:
         try:

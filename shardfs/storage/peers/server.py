@@ -79,7 +79,10 @@ class PeerServer:
         host, port = split(self.address)
         try:
             loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(web.TCPSite(self._runner, host, port, reuse_address=False).start())
+            # SO_REUSEADDR (aiohttp's default): a remount binds again at once, despite connections
+            # of the last mount in TIME_WAIT; a port another process listens on is still refused.
+            # At unmount, replies under way get a moment, not aiohttp's default minute.
+            loop.run_until_complete(web.TCPSite(self._runner, host, port, shutdown_timeout=2.0).start())
         except OSError as exc:
             why = (f"port {port} is in use on {host} (another job or daemon?): choose another port in --peers"
                    if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc))
@@ -172,7 +175,9 @@ class PeerServer:
     def stop(self) -> None:
         if self._loop is None or not self._loop.is_running():
             return
-        if self._runner is not None:
+        try:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        except Exception as exc:  # stopping must not keep the daemon from the rest of its exit
+            log.warning("peer server: %s while stopping", exc or type(exc).__name__)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._pool.shutdown(wait=False, cancel_futures=True)
