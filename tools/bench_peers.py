@@ -415,6 +415,8 @@ def main() -> int:
                 rounds.append(one_round(ctx, r))
         except KeyboardInterrupt:
             print("interrupted: reporting the rounds measured", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - a failed round must not take the finished ones with it
+            print(f"round {len(rounds) + 1} failed: {exc!r}; reporting the rounds measured", file=sys.stderr)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)
