@@ -210,6 +210,8 @@ def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes
     try:
         wait_for(lambda: a.stats()["peers"]["bytes_from_peers"] > 0)
         os.kill(c.pid, signal.SIGKILL)
+        # A's next request to C finds it gone: C is marked down (whenever the loaded machine gets there)
+        wait_for(lambda: c.address in a.stats()["peers"]["down"], timeout=120)
         wait_for(passes_after(2))
         figures = a.stats()["peers"]
         assert c.address in figures["down"]

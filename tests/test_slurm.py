@@ -7,6 +7,7 @@ mountpoints) is checked after each.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -27,7 +28,7 @@ import nobody
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
 
 pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]
-NOBODY = 65534
+NOBODY = nobody.NOBODY
 README_MARK = "<!-- slurm-job-script:"
 SHARDS_LINE = "SHARDS=/lustre/proj/imagenet-shards"
 # The README's script asks for 2 GPU nodes of 32 cores; this node has 2 cores and no GPU.
@@ -68,20 +69,22 @@ def readme_job_script() -> str:
     return block.group(1)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A running single-node Slurm plus a world-readable area: shards, a home for nobody, job folders."""
-    top = tempfile.mkdtemp(prefix="shardfs-slurm-")
+@contextlib.contextmanager
+def running_cluster(nodes: int = 1, classes: int = 3, per_class: int = 8, shards: int = 3, where: str | None = None):
+    """A running Slurm of `nodes` plus a world-readable area (made in `where`): JPEGs (src/train),
+    their shards, indexed as a data owner would, a home for nobody, job folders. Stopped and
+    removed at the end, also when starting fails."""
+    top = tempfile.mkdtemp(prefix="shardfs-slurm-", dir=where)
     os.chmod(top, 0o755)
-    c = SlurmCluster(top)
+    c = SlurmCluster(top, nodes)
     try:
         started = time.monotonic()
         c.start()
         c.start_seconds = time.monotonic() - started
-        sample.make_imagefolder(os.path.join(top, "src"), classes=3, per_class=8, side=48)
-        sample.pack_tar_round_robin(os.path.join(top, "src"), os.path.join(top, "shards"), shards=3)
+        c.train = sample.make_imagefolder(os.path.join(top, "src"), classes=classes, per_class=per_class, side=48)
+        sample.pack_tar_round_robin(os.path.join(top, "src"), os.path.join(top, "shards"), shards=shards)
         done = subprocess.run([PYTHON, "-m", "shardfs", "index", os.path.join(top, "shards")], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": REPO})  # as a data owner would
+                              text=True, env={**os.environ, "PYTHONPATH": REPO})
         assert done.returncode == 0, done.stderr
         os.mkdir(os.path.join(top, "home"))
         os.chown(os.path.join(top, "home"), NOBODY, NOBODY)
@@ -90,6 +93,13 @@ def cluster():
     finally:
         c.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running single-node Slurm with the sample's shards."""
+    with running_cluster() as c:
+        yield c
 
 
 def job_folder(cluster: SlurmCluster, name: str, files: dict[str, str]) -> str:
@@ -128,11 +138,13 @@ def json_lines(text: str) -> list[dict]:
 
 
 def leftovers(cluster: SlurmCluster, mountpoint: str | None = None) -> dict:
-    """What a finished job may have left on the node: shardfs mounts, nobody's shardfs processes, the mountpoint."""
+    """What a finished job may have left on its nodes: shardfs mounts, nobody's shardfs processes,
+    the mountpoint (on any node: each node of several has its own /tmp)."""
     return {
         "mounts": cluster.job_mounts(),
         "processes": [p for p in cluster.processes_of(NOBODY) if "shardfs" in p and cluster.top in p],
-        "mountpoint": bool(mountpoint) and os.path.lexists(mountpoint),
+        "mountpoint": bool(mountpoint) and any(os.path.lexists(cluster.node_path(n.name, mountpoint))
+                                               for n in cluster.nodes),
     }
 
 
@@ -144,6 +156,26 @@ def wait_until_clean(cluster: SlurmCluster, mountpoint: str | None, timeout: flo
         if not any(left.values()) or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+def wait_ready(cluster: SlurmCluster, folder: str, job: str, nodes: int = 1, timeout: float = 300) -> None:
+    """Until the job's output has a "ready" line from each of its `nodes` (failing if it ends first)."""
+    deadline = time.monotonic() + timeout
+    while output(folder).count("ready") < nodes:
+        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
+            f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}"
+        time.sleep(0.3)
+
+
+def scancel_leaves_nothing(cluster: SlurmCluster, job: str, mountpoint: str) -> None:
+    """scancel as the job's user; once Slurm no longer lists the job, nothing of it is left."""
+    done = cluster.slurm("scancel", job, user="nobody")
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 120
+    while cluster.job_state(job):
+        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
+        time.sleep(0.3)
+    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
 
 
 def test_readme_job_script_runs_as_printed(cluster):
@@ -175,21 +207,11 @@ def test_scancel_leaves_no_mount_daemon_or_mountpoint(cluster):
     job, code = sbatch(cluster, folder, *SMALL_NODE)
     assert code == 0
     mountpoint = f"/tmp/shardfs-{job}"
-    deadline = time.monotonic() + 300
-    while "ready" not in output(folder):
-        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
-            f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}"
-        time.sleep(0.3)
+    wait_ready(cluster, folder, job)
     assert "ready 3" in output(folder)  # the three class folders, through the mount
     assert mountpoint in cluster.job_mounts()
     assert leftovers(cluster)["processes"], "the job's daemon should be running now"
-    done = cluster.slurm("scancel", job, user="nobody")
-    assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 120
-    while cluster.job_state(job):
-        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
-        time.sleep(0.3)
-    assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
+    scancel_leaves_nothing(cluster, job, mountpoint)
 
 
 BIG_MEMBERS, MEMBER_BYTES, BIG_SHARDS = 24, 4 << 20, 4  # 384 MiB of random bytes: more than --mem

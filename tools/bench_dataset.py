@@ -2,6 +2,8 @@
 
 Made once in the workdir and reused: marker.json records each stage with the parameters it was
 made with; a stage is remade (with the stages after it) only when its parameters changed.
+`on_capped_storage` makes the JPEGs and shards on benchlib.capped's slow shared storage instead
+(tools/bench_tier.py, tools/bench_peers.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import shutil
 import tarfile
 import time
 
-from benchlib import sample
+from benchlib import capped, sample
 from benchlib.cli import run, shardfs
 
 MARKER_VERSION = 3
@@ -179,3 +181,24 @@ def build(args, work: str) -> dict:
     marker["squashfs"] = old if old.get("path") and os.path.exists(old["path"]) else make_squashfs(work)
     _save(path, marker)
     return marker
+
+
+CAPPED_VERSION = 1
+
+
+def on_capped_storage(args, work: str, stack) -> tuple[str, str, dict]:
+    """The capped shared storage (benchlib.capped) attached, holding --dataset-size bytes of JPEGs
+    (src/train/<class>/) and their `shardfs pack` shards (shards/); remade when the parameters
+    (dataset size, classes, side, shard size) changed. Returns (mountpoint, loop device, marker)."""
+    def fill(shared: str) -> dict:
+        args.images = args.dataset_size // TARGET_JPEG_BYTES
+        jpegs = make_jpegs(args, shared)
+        shards = make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
+        return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
+                "make_s": jpegs["seconds"], "pack_s": shards["seconds"], "packer": shards["packer"]}
+
+    want = {"version": CAPPED_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
+            "side": args.side, "shard_size": args.shard_size}
+    # room for the JPEGs, the shards and bench_tier's sweep shard sets (a sparse file: free until used)
+    room = int(args.dataset_size * (2.4 + 1.2 * len(getattr(args, "sweep_shards", ())))) + (256 << 20)
+    return capped.dataset(work, want, room, fill, args.rebuild, stack)

@@ -48,156 +48,26 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
 
 import bench_dataset
-from benchlib.caches import drop_caches
-from benchlib.cli import REPO, shardfs
 from benchlib import machine
+from benchlib.caches import drop_caches
+from benchlib.capped import ReadCap, device_read_bytes, run, shard_files, write
+from benchlib.cli import shardfs
 from benchlib.machine import Others, proc_status
-from benchlib.mounts import Mounts
+from benchlib.mounts import Mounts, sigterm_unwinds
 from benchlib.readers import read_all, timed_listing
 from benchlib.tables import cell, median
 
 from shardfs.storage import buffers
 from shardfs.storage.memory import parse_size
 
-MARKER_VERSION = 1
-JPEG_BYTES = 110_000  # ImageNet train mean
-BLKIO = "/sys/fs/cgroup/blkio"
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run a command; raise with its stderr when it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-400:]}")
-    return done
-
-
-def undo(cmd: list[str]) -> None:
-    """A clean-up step: say so when it fails, carry on with the others."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"WARNING: `{' '.join(cmd)}` failed: {done.stderr.strip()}", file=sys.stderr)
-
-
-def write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
 
 # ---------------------------------------------------------------------------------------------
-# shared storage: a loop-mounted ext4 image, its reads capped by a blkio cgroup
-
-
-def attach_image(image: str, mountpoint: str, stack: contextlib.ExitStack) -> str:
-    """losetup + mount; undone by `stack`. Direct I/O on the backing file, so the image's reads
-    are not served a second time from the host file's page cache."""
-    dev = run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip()
-    stack.callback(undo, ["losetup", "-d", dev])
-    os.makedirs(mountpoint, exist_ok=True)
-    run(["mount", dev, mountpoint])
-    stack.callback(undo, ["umount", mountpoint])
-    return dev
-
-
-def device_read_bytes(dev: str) -> int:
-    with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
-        return int(f.read().split()[2]) * 512
-
-
-class ReadCap:
-    """A blkio cgroup capping reads from one device; this process (and so its children) in it."""
-
-    def __init__(self, dev: str, iops: int, bps: int):
-        rdev = os.stat(dev).st_rdev
-        self.majmin = f"{os.major(rdev)}:{os.minor(rdev)}"
-        self.path = os.path.join(BLKIO, f"shardfs-bench-tier-{os.getpid()}")
-        os.mkdir(self.path)
-        write(os.path.join(self.path, "blkio.throttle.read_iops_device"), f"{self.majmin} {iops}")
-        write(os.path.join(self.path, "blkio.throttle.read_bps_device"), f"{self.majmin} {bps}")
-        write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
-
-    def reads(self) -> tuple[int, int]:
-        """(requests, bytes) the group has read from the device so far, as the cap counts them."""
-        got = {}
-        for name in ("blkio.throttle.io_serviced", "blkio.throttle.io_service_bytes"):
-            with open(os.path.join(self.path, name)) as f:
-                got[name] = next((int(p[2]) for p in map(str.split, f) if p[:2] == [self.majmin, "Read"]), 0)
-        return got["blkio.throttle.io_serviced"], got["blkio.throttle.io_service_bytes"]
-
-    def holds(self, pid: int) -> bool:
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            return str(pid) in f.read().split()
-
-    def close(self) -> None:
-        write(os.path.join(BLKIO, "cgroup.procs"), str(os.getpid()))
-        for _ in range(50):  # exited children leave the group a moment later
-            try:
-                os.rmdir(self.path)
-                return
-            except OSError:
-                time.sleep(0.1)
-        with open(os.path.join(self.path, "cgroup.procs")) as f:
-            print(f"WARNING: cgroup {self.path} still holds {f.read().split()}: left in place", file=sys.stderr)
-
-
-# ---------------------------------------------------------------------------------------------
-# the dataset: JPEGs (src/train/<class>/) and tar shards (shards/) on the shared storage
-
-
-def make_image(path: str, size: int) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-    with open(path, "wb") as f:
-        f.truncate(size)
-    run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", path])
-
-
-def fill_dataset(args, shared: str) -> dict:
-    """tools/bench.py's JPEGs and `shardfs pack` shards, made on the shared storage."""
-    args.images = args.dataset_size // JPEG_BYTES
-    jpegs = bench_dataset.make_jpegs(args, shared)
-    shards = bench_dataset.make_shards(args, shared, jpegs["files"], jpegs["image_bytes"])
-    return {"files": jpegs["files"], "image_bytes": jpegs["image_bytes"], "side": jpegs["side"],
-            "make_s": jpegs["seconds"], "pack_s": shards["seconds"], "packer": shards["packer"]}
-
-
-def dataset(args, work: str, stack: contextlib.ExitStack) -> tuple[str, str, dict]:
-    """The shared storage, attached, with its dataset (made when marker.json does not match)."""
-    image, shared = os.path.join(work, "shared.img"), os.path.join(work, "shared")
-    marker_path = os.path.join(work, "marker.json")
-    want = {"version": MARKER_VERSION, "dataset_size": args.dataset_size, "classes": args.classes,
-            "side": args.side, "shard_size": args.shard_size}
-    try:
-        with open(marker_path) as f:
-            marker = json.load(f)
-    except (OSError, ValueError):
-        marker = {}
-    reuse = marker.get("params") == want and os.path.exists(image) and not args.rebuild
-    if not reuse:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(marker_path)
-        # JPEGs, the shards and the sweep's shard sets (a sparse file: room costs nothing until used)
-        make_image(image, int(args.dataset_size * (2.4 + 1.2 * len(args.sweep_shards))) + (256 << 20))
-    dev = attach_image(image, shared, stack)
-    if reuse:
-        print(f"dataset: reusing {image} ({marker['files']} JPEGs)")
-        return shared, dev, marker
-    marker = {"params": want, **fill_dataset(args, shared)}
-    with open(marker_path, "w") as f:
-        json.dump(marker, f, indent=1)
-    return shared, dev, marker
-
-
-def shard_files(shared: str) -> list[str]:
-    top = os.path.join(shared, "shards")
-    return sorted(os.path.join(top, n) for n in os.listdir(top) if n.endswith(".tar"))
+# the dataset (bench_dataset.on_capped_storage): JPEGs and tar shards on the shared storage
 
 
 def index_bytes(shared: str) -> int:
@@ -589,22 +459,13 @@ def main() -> int:
     if os.geteuid() != 0:
         parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
 
-    main_pid = os.getpid()
-
-    def on_term(signum, _frame):
-        if os.getpid() != main_pid:  # a forked reader: just go
-            os._exit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")  # unwinds the ExitStack, which undoes everything
-
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_unwinds()
     ctx = Ctx()
     ctx.args, ctx.work = args, os.path.abspath(args.workdir)
     os.makedirs(ctx.work, exist_ok=True)
-    print(f"command: python3 {' '.join(sys.argv)}")
-    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
-    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
+    machine.print_header(ctx.work)
     with contextlib.ExitStack() as stack:
-        ctx.shared, ctx.dev, ctx.marker = dataset(args, ctx.work, stack)
+        ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)
         ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
         ctx.disk_cache = os.path.join(ctx.work, "disk-cache")
@@ -630,7 +491,7 @@ def main() -> int:
         print(f"indexes ready ({time.perf_counter() - t0:.1f} s, {ctx.index_bytes / 1e6:.1f} MB)", flush=True)
 
         sets = sweep_sets(ctx) if args.sweep else None  # packed and indexed uncapped: not measured
-        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps)
+        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps, "bench-tier")
         if args.sweep:
             rounds = sweep(ctx, sets)
             if rounds:

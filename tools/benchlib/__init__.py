@@ -3,6 +3,7 @@
     cli       the `shardfs` command as a subprocess, running this checkout's code
     mounts    mount lifecycles: wait until mounted, unmount in order, stop a child we started
     caches    dropping the page cache, and noticing when someone else did
+    capped    slow shared storage: a loop-mounted ext4 image, its reads capped by a blkio cgroup
     machine   machine facts, CPU meters, waiting for a quiet machine, a VM's free page reporting
     methods   the ways of serving a dataset that the benchmarks compare (plain, shardfs, squashfuse_ll, ...)
     readers   reading as training code reads: the ImageFolder listing, reader process pools

@@ -62,14 +62,15 @@ class Others:
     """What other processes did during a pass: their share of the machine's CPU (other jobs make
     figures noisy) and their page-cache drops (a warm figure is then not warm)."""
 
-    def __init__(self, daemon_pid: int | None = None):
-        self.daemon_pid = daemon_pid
+    def __init__(self, daemon_pid: int | list[int] | None = None):
+        """``daemon_pid``: our daemon(s), whose CPU counts as ours (they are not our children)."""
+        self.daemon_pids = daemon_pid if isinstance(daemon_pid, list) else [daemon_pid] if daemon_pid else []
         self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_s(), _own_cpu_s()
         self.daemon0 = self._daemon_cpu()
         self.drops0 = drops_by_others()
 
     def _daemon_cpu(self) -> float:
-        return proc_status(self.daemon_pid).get("cpu_s", 0.0) if self.daemon_pid else 0.0
+        return sum(proc_status(pid).get("cpu_s", 0.0) for pid in self.daemon_pids)
 
     def done(self) -> dict:
         """``background_cpu`` is None for a window under MIN_WINDOW_S: CPU time is counted in clock
@@ -176,3 +177,14 @@ def facts(work: str) -> dict:
 def describe(f: dict) -> str:
     """One line for the output: the facts a reader needs to compare figures."""
     return ", ".join(f"{k}={v}" for k, v in f.items())
+
+
+def print_header(work: str) -> None:
+    """A run's first lines: its command, the machine and the commit of the code measured."""
+    import sys
+
+    from .cli import REPO
+
+    print(f"command: python3 {' '.join(sys.argv)}")
+    print(f"machine: {describe(facts(work))}, load {os.getloadavg()[0]:.1f}")
+    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")

@@ -33,6 +33,19 @@ def stop_child(proc: subprocess.Popen, grace: float = 10.0) -> None:
             proc.wait()
 
 
+def sigterm_unwinds() -> None:
+    """From now on SIGTERM ends this process through KeyboardInterrupt, so that its ExitStacks
+    undo everything (mounts, cgroups, loop devices); a forked helper (a reader) just exits."""
+    main_pid = os.getpid()
+
+    def on_term(signum, _frame):
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def is_mounted(mnt: str) -> bool:
     """Mounted, or a FUSE mount whose daemon died (ENOTCONN)."""
     return os.path.ismount(mnt) or is_stale(mnt)

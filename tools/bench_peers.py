@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""By-hand benchmark of issue 22 (NOT a test): the nodes of a job serve shards to each other, so
+shared storage is read about once for the job, not once per node.
+
+One machine plays --nodes (4) nodes: a `shardfs mount` per node, each with its own mountpoint,
+RAM budget, disk tier and peer address on its own loopback address (127.0.0.2, 127.0.0.3, ...;
+one port). The shards lie on tools/bench_tier.py's shared storage (benchlib.capped: an ext4 image
+on a loop device whose reads a blkio cgroup caps, by default to 200 IOPS and 150 MB/s); this
+process joins the cgroup once the dataset is made, so the daemons it starts are capped.
+
+Each epoch every node reads, at the same time as the others, its part of the dataset as torch's
+distributed training does: ImageFolder of its own mount, DistributedSampler(num_replicas=N,
+rank=i, shuffle=True, seed=S) with set_epoch(e), every file read with the built-in
+open(path, 'rb') and checked against the source's sha256. Two capacities:
+
+  a  each node's tiers could hold the whole dataset (RAM budget a third of it, disk tier 2x it)
+  b  each node's RAM budget is a third of the dataset, no disk tier (the job holds 4/3 of it)
+
+each with peers (--peers, --peer-self) and without (today's behaviour), and a run of (b) with
+peers (--kill-in) in which one node's daemon is killed with SIGKILL a quarter into epoch 2 (it
+reads no more; the other nodes must read every file right).
+
+All "nodes" share one page cache of the storage's files, which would hide a node's storage reads
+of bytes another node read just before: every epoch starts after drop_caches, and during epochs
+the pages of the shard files are dropped (POSIX_FADV_DONTNEED) every --drop-every seconds.
+Bytes from shared storage are the cgroup's blkio.throttle.io_service_bytes (the kernel's count),
+next to what the daemons say (`peers.storage_bytes_read`). Figures are medians [min-max] of
+--rounds; ratios are taken within a round.
+
+Run as root (loop device, cgroup, drop_caches):
+
+    python3 tools/bench_peers.py --dataset-size 128M --rounds 1   # smoke, a few minutes
+    python3 tools/bench_peers.py --rounds 2                       # 256M dataset, ~40 min here
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+
+import bench_dataset
+from benchlib import machine
+from benchlib.caches import drop_caches
+from benchlib.capped import ReadCap, shard_files
+from benchlib.machine import Others, proc_status
+from benchlib.mounts import Mounts, sigterm_unwinds
+from benchlib.tables import cell, median
+
+from shardfs.storage.memory import parse_size
+
+KILL_AT = 0.25  # of epoch 2's files read by all nodes together
+
+
+# ---------------------------------------------------------------------------------------------
+# the dataset's digests; keeping one node's storage reads from serving another
+
+
+def source_digests(shared: str) -> dict[str, str]:
+    """sha256 of every source JPEG by its path under train/ (read before the cap is on)."""
+    train = os.path.join(shared, "src", "train")
+    out = {}
+    for dirpath, _dirs, files in os.walk(train):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, train)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+class PageDropper:
+    """Drops the shard files' pages from the page cache every `every` seconds, so that one
+    "node" never reads from memory what another node's storage read just brought in."""
+
+    def __init__(self, paths: list[str], every: float):
+        self.paths, self.every = paths, every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            for path in self.paths:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# one node's reader: its DistributedSampler part of its own mount, each file checked
+
+
+def _node_reader(i: int, root: str, nodes: int, seed: int, epoch: int, digests: dict, barrier, results,
+                 progress) -> None:
+    from torch.utils.data import DistributedSampler
+    from torchvision.datasets import ImageFolder
+
+    try:
+        ds = ImageFolder(root)
+        sampler = DistributedSampler(ds, num_replicas=nodes, rank=i, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        order = [ds.samples[k][0] for k in sampler]
+    except OSError as exc:  # a node whose daemon is gone cannot even list
+        barrier.wait()
+        results.put((i, 0, 0, 1, f"{root}: {exc}", 0.0, 0))
+        return
+    files = nbytes = wrong = errors = 0
+    first_error = None
+    barrier.wait()
+    t0 = time.monotonic()
+    for path in order:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            errors += 1
+            first_error = first_error or f"{path}: {exc}"
+            break  # this node's daemon is gone: it reads no more
+        files += 1
+        nbytes += len(data)
+        if hashlib.sha256(data).hexdigest() != digests[os.path.relpath(path, root)]:
+            wrong += 1
+            first_error = first_error or f"{path}: wrong bytes"
+        with progress.get_lock():
+            progress.value += 1
+    results.put((i, files, wrong, errors, first_error, time.monotonic() - t0, nbytes))
+
+
+def read_epoch(ctx, mounts: dict, epoch: int, seed: int, kill: int | None = None) -> dict:
+    """Every node of `mounts` ({index: Mounted}) reads its part at once; with `kill`, that node's
+    daemon gets SIGKILL once KILL_AT of the epoch's files are read."""
+    drop_caches()
+    n = ctx.args.nodes
+    pids = {i: m.pid for i, m in mounts.items()}
+    others, cpu0 = Others(list(pids.values())), {i: proc_status(p).get("cpu_s", 0.0) for i, p in pids.items()}
+    fork = mp.get_context("fork")
+    barrier, results, progress = fork.Barrier(len(mounts) + 1), fork.Queue(), fork.Value("l", 0)
+    procs = [fork.Process(target=_node_reader, args=(i, os.path.join(m.mnt, "train"), n, seed, epoch, ctx.digests,
+                                                      barrier, results, progress))
+             for i, m in mounts.items()]
+    for p in procs:
+        p.start()
+    killed_at = None
+    try:
+        barrier.wait(timeout=600)
+        if kill is not None:
+            goal = KILL_AT * len(ctx.digests)
+            while progress.value < goal and any(p.is_alive() for p in procs):
+                time.sleep(0.01)
+            os.kill(mounts[kill].pid, signal.SIGKILL)
+            killed_at = progress.value
+        got = {g[0]: g for g in (results.get() for _ in procs)}
+    finally:
+        for p in procs:
+            if p.is_alive() and sys.exc_info()[0] is not None:
+                p.terminate()
+            p.join()
+    nodes = {i: {"files": g[1], "wrong": g[2], "errors": g[3], "first_error": g[4], "seconds": g[5],
+                 "fps": g[1] / g[5] if g[5] else 0.0} for i, g in sorted(got.items())}
+    live = [v for i, v in nodes.items() if i != kill]
+    cpu = sum(proc_status(p).get("cpu_s", 0.0) - cpu0[i] for i, p in pids.items() if i != kill)
+    return {"nodes": nodes, "fps": sum(v["files"] for v in live) / max(v["seconds"] for v in live),
+            "killed_at": killed_at, "daemon_cpu_s": cpu, "others_cpu": others.done()["background_cpu"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# one setup: N mounts, --epochs epochs, unmounted
+
+
+def node_options(ctx, capacity: str, i: int, peers: bool) -> list[str]:
+    a = ctx.args
+    opts = ["--cache-size", f"{ctx.shard_bytes // 3 >> 20}M"]
+    if capacity == "a":
+        opts += ["--disk-cache", os.path.join(ctx.work, f"disk-{i}"), "--disk-cache-size",
+                 f"{2 * ctx.shard_bytes >> 20}M"]
+    if peers:
+        addrs = [f"127.0.0.{2 + k}:{ctx.port}" for k in range(a.nodes)]
+        opts += ["--peers", ",".join(addrs), "--peer-self", addrs[i]]
+    return opts
+
+
+def daemon_figures(mounts: dict) -> dict:
+    """Per live daemon: (storage bytes as it counts them, bytes it fetched from peers)."""
+    out = {}
+    for i, m in mounts.items():
+        st = m.stats() or {}
+        peers = st.get("peers") or {}
+        out[i] = (peers.get("storage_bytes_read", (st.get("cache") or {}).get("storage_bytes_read", 0)),
+                  peers.get("bytes_from_peers", 0))
+    return out
+
+
+def grown(before: dict, after: dict, k: int) -> int:
+    """What the daemons alive at the end added to figure `k` (a killed daemon's counts are lost)."""
+    return sum(after[i][k] - before[i][k] for i in after)
+
+
+def one_setup(ctx, name: str, capacity: str, peers: bool, r: int, kill: int | None = None) -> dict:
+    a = ctx.args
+    for i in range(a.nodes):
+        shutil.rmtree(os.path.join(ctx.work, f"disk-{i}"), ignore_errors=True)  # every setup starts empty
+    drop_caches()
+    shards = os.path.join(ctx.shared, "shards")
+    mounts = {}
+    for i in range(a.nodes):
+        mounts[i] = ctx.mounts.shardfs([shards], os.path.join(ctx.work, "mnt", f"node{i}"),
+                                       *node_options(ctx, capacity, i, peers),
+                                       log=os.path.join(ctx.work, f"{name}-node{i}.log"))
+    in_cgroup = all(ctx.cap.holds(m.pid) for m in mounts.values())
+    out = {"epochs": [], "in_cgroup": in_cgroup}
+    start = ctx.cap.read_bytes()
+    with PageDropper(ctx.shards, a.drop_every):
+        for e in range(a.epochs):
+            before, figs = ctx.cap.read_bytes(), daemon_figures(mounts)
+            ep = read_epoch(ctx, mounts, e, a.seed + r, kill if e == 1 else None)
+            if kill is not None and e == 1:
+                ctx.mounts.unmount(mounts.pop(kill))  # its mount is dead (ENOTCONN): gone from now on
+            after = daemon_figures(mounts)
+            ep["storage"] = ctx.cap.read_bytes() - before
+            ep["daemon_storage"], ep["from_peers"] = grown(figs, after, 0), grown(figs, after, 1)
+            out["epochs"].append(ep)
+            print(f"    epoch {e + 1}: {ep['fps']:.0f} files/s (" + " ".join(
+                f"n{i} {v['fps']:.0f}" for i, v in ep["nodes"].items()) + f"), storage {ep['storage'] / 1e6:.0f} MB, "
+                f"peers {ep['from_peers'] / 1e6:.0f} MB" + (f"; node {kill} killed after {ep['killed_at']} files"
+                                                           if ep.get("killed_at") is not None else ""), flush=True)
+    out["storage"] = ctx.cap.read_bytes() - start
+    out["wrong"] = sum(v["wrong"] for ep in out["epochs"] for i, v in ep["nodes"].items())
+    out["errors_others"] = sum(v["errors"] for ep in out["epochs"] for i, v in ep["nodes"].items() if i != kill)
+    out["first_error"] = next((v["first_error"] for ep in out["epochs"] for i, v in ep["nodes"].items()
+                               if v["first_error"] and i != kill), None)
+    for m in list(mounts.values()):
+        ctx.mounts.unmount(m)
+    return out
+
+
+SETUPS = [("a-peers", "a", True), ("a-alone", "a", False), ("b-peers", "b", True), ("b-alone", "b", False)]
+
+
+def one_round(ctx, r: int) -> dict:
+    out = {}
+    for name, capacity, peers in SETUPS:
+        print(f"  {name}: capacity ({capacity}), {'with' if peers else 'without'} peers", flush=True)
+        out[name] = one_setup(ctx, name, capacity, peers, r)
+    for capacity in ctx.args.kill_in:
+        print(f"  kill-{capacity}: capacity ({capacity}) with peers, node {ctx.args.nodes - 1} SIGKILLed in epoch 2",
+              flush=True)
+        out[f"kill-{capacity}"] = one_setup(ctx, f"kill-{capacity}", capacity, True, r, kill=ctx.args.nodes - 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def report(ctx, rounds: list[dict]) -> None:
+    a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
+    x = lambda b: b / total  # noqa: E731
+    names = [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+
+    def per_epoch(name: str, fn, fmt: str) -> str:
+        return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
+
+    def ratios(e: int, capacity: str) -> list[float]:
+        return [r[f"{capacity}-peers"]["epochs"][e]["fps"] / r[f"{capacity}-alone"]["epochs"][e]["fps"] for r in rounds]
+
+    print()
+    print(f"files/s per epoch, all {n} nodes together (median [min-max] of {len(rounds)} rounds); "
+          f"ratio = with peers / without, same round")
+    print(f"{'epoch':<8}" + "".join(f"{h:>20}" for h in ("(a) peers", "(a) alone", "(a) ratio", "(b) peers", "(b) alone",
+                                                           "(b) ratio", *(f"kill in ({c})" for c in a.kill_in))))
+    for e in range(a.epochs):
+        cells = []
+        for capacity in ("a", "b"):
+            cells += [cell([r[f"{capacity}-{k}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for k in ("peers", "alone")]
+            cells.append(cell(ratios(e, capacity), "{:.2f}"))
+        cells += [cell([r[f"kill-{c}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for c in a.kill_in]
+        print(f"{e + 1:<8}" + "".join(f"{c:>20}" for c in cells))
+    print()
+    print("per setup, epoch 1 / 2 / 3 (medians [min-max])")
+    for name in names:
+        print(f"  {name}")
+        for i in range(n):
+            vals = [median([r[name]["epochs"][e]["nodes"][i]["fps"] for r in rounds if i in r[name]["epochs"][e]["nodes"]])
+                    for e in range(a.epochs)]
+            print(f"    node {i} files/s            " + " / ".join("-" if v is None else f"{v:.0f}" for v in vals))
+        print(f"    shared storage, x shards  total {cell([x(r[name]['storage']) for r in rounds], '{:.2f}')}: "
+              + per_epoch(name, lambda ep: x(ep["storage"]), "{:.2f}") + " (blkio); daemons' own count "
+              + per_epoch(name, lambda ep: x(ep["daemon_storage"]), "{:.2f}"))
+        print("    between peers, GB         " + per_epoch(name, lambda ep: ep["from_peers"] / 1e9, "{:.3f}"))
+        print("    daemons' CPU s            " + per_epoch(name, lambda ep: ep["daemon_cpu_s"], "{:.1f}")
+              + "; others' share of the CPU % " + per_epoch(name, lambda ep: 100 * (ep["others_cpu"] or 0), "{:.0f}"))
+    print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r)}")
+
+    def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
+        med = median(values)
+        ok = med is not None and (med <= limit if rule == "<=" else med >= limit)
+        print(f"{label:<66}{cell(values, fmt):>22} {rule} {limit:<6}  {'PASS' if ok else 'FAIL'}")
+
+    print()
+    print(f"{'target':<66}{'measured':>22}")
+    print("-" * 104)
+    for capacity in ("a", "b"):
+        judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
+              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds], "<=", 1.1)
+    for e in range(1, a.epochs):
+        judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
+    for c in a.kill_in:
+        name = f"kill-{c}"
+        judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
+              [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
+        judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
+              "<=", round(1 + 1 / n + 0.1, 3))
+        first = next((r[name]["first_error"] for r in rounds if r[name]["first_error"]), None)
+        if first:
+            print(f"kill in ({c}), first problem: {first}")
+    print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds], '{:.2f}')}x, "
+          f"(b) {cell([x(r['b-alone']['storage']) for r in rounds], '{:.2f}')}x the dataset)")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Ctx:
+    pass
+
+
+def free_port(hosts: list[str]) -> int:
+    """A port free on every one of `hosts` (loopback addresses)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        with contextlib.ExitStack() as stack:
+            try:
+                for h in hosts:
+                    s = stack.enter_context(socket.socket())
+                    s.bind((h, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="/var/tmp/shardfs-bench-peers",
+                        help="on the local disk: the image, disk tiers, mountpoints, logs")
+    parser.add_argument("--dataset-size", type=parse_size, default=parse_size("256M"), help="JPEG bytes to make")
+    parser.add_argument("--shard-size", type=parse_size, default=parse_size("8M"),
+                        help="small enough that each node owns many (rendezvous hashing evens out over many)")
+    parser.add_argument("--classes", type=int, default=50)
+    parser.add_argument("--jpegs-from", help="copy the JPEGs of another run's dataset instead of making them")
+    parser.add_argument("--side", default="auto", help="JPEG side in pixels (auto: ~110 KB per JPEG)")
+    parser.add_argument("--nodes", type=int, default=4, help="daemons on 127.0.0.2, 127.0.0.3, ...")
+    parser.add_argument("--iops", type=int, default=200, help="read IOPS cap of the shared storage")
+    parser.add_argument("--bps", type=parse_size, default=150_000_000, help="read bytes/s cap")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="DistributedSampler's seed (round r uses seed + r)")
+    parser.add_argument("--kill-in", type=lambda v: [c for c in v.split(",") if c], default=["b"],
+                        help="capacities of the runs with a peer killed, e.g. a,b (default b: in (a) every node "
+                        "holds the whole dataset after epoch 1, so a lost peer costs nothing; empty: none)")
+    parser.add_argument("--drop-every", type=float, default=0.2,
+                        help="seconds between FADV_DONTNEED of the shard files during epochs")
+    parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")
+    parser.add_argument("--json", help="also write every round's figures here")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
+    sigterm_unwinds()
+    ctx = Ctx()
+    ctx.args, ctx.work = args, os.path.abspath(args.workdir)
+    os.makedirs(ctx.work, exist_ok=True)
+    machine.print_header(ctx.work)
+    with contextlib.ExitStack() as stack:
+        ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
+        ctx.shards = shard_files(ctx.shared)
+        ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
+        for i in range(args.nodes):
+            stack.callback(shutil.rmtree, os.path.join(ctx.work, f"disk-{i}"), True)
+        ctx.digests = source_digests(ctx.shared)
+        ctx.port = free_port([f"127.0.0.{2 + i}" for i in range(args.nodes)])
+        print(f"dataset: {len(ctx.digests)} JPEGs, {ctx.marker['image_bytes'] / 1e9:.3f} GB; {len(ctx.shards)} tar "
+              f"shards {ctx.shard_bytes / 1e9:.3f} GB; shared storage {ctx.dev} capped at {args.iops} IOPS, "
+              f"{args.bps / 1e6:.0f} MB/s; {args.nodes} nodes on 127.0.0.2-{1 + args.nodes}:{ctx.port}; RAM budget "
+              f"{ctx.shard_bytes // 3 >> 20} MiB per node, disk tier (a) {2 * ctx.shard_bytes >> 20} MiB", flush=True)
+        ctx.cap = None
+        stack.callback(lambda: ctx.cap and ctx.cap.close())
+        ctx.mounts = stack.enter_context(Mounts())  # FUSE mounts undone first, then the cgroup, then the image
+        ctx.mounts.unmount(ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", "index"),
+                                              log=os.path.join(ctx.work, "index.log")))  # indexes, uncapped
+        ctx.cap = ReadCap(ctx.dev, args.iops, args.bps, "bench-peers")
+        rounds = []
+        try:
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
+                rounds.append(one_round(ctx, r))
+        except KeyboardInterrupt:
+            print("interrupted: reporting the rounds measured", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - a failed round must not take the finished ones with it
+            print(f"round {len(rounds) + 1} failed: {exc!r}; reporting the rounds measured", file=sys.stderr)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)
+        if rounds:
+            report(ctx, rounds)
+    return 0 if rounds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
