@@ -22,6 +22,7 @@ import pytest
 from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
 from test_disk_tier import tar_bytes, write_shards
 from shardfs.service.daemon import _peers_status
+from shardfs.service.mount import process_alive
 from shardfs.storage.peers import auth, owner
 from shardfs.storage.peers.server import FAULT_ENV
 
@@ -449,5 +450,36 @@ def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_
             figures = a.stats()["peers"]
             assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
         finally:  # the nodes before the storage they read
+            for node in (a, b):
+                force_unmount(node.path, node.pid)
+
+
+def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(nodes, tmp_path, monkeypatch):
+    """A peer request in flight at unmount (the owner reading storage that hangs) must not keep
+    the owner's daemon alive: it exits within `shardfs umount`'s wait, not when storage gives up."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "120")  # far longer than the wait below
+    src = tmp_path / "src"
+    write_shards(src, shards=4, members=4, largest=200_000)
+    peers = addresses(2)
+    mnt = tmp_path / "storage"
+    slow = next(p.name for p in sorted(src.glob("*.tar"))
+                if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
+                == peers[1])
+    flag = tmp_path / "hang"
+    with hanging_storage(tmp_path, src, slow, flag) as storage:
+        a, b = nodes([storage] * 2, peers=peers)
+        try:
+            with tarfile.open(src / slow) as tf:
+                name = tf.getmembers()[0].name
+            flag.touch()
+            thread = threading.Thread(target=lambda: check_all(a.path, {name: ""}), daemon=True)
+            thread.start()
+            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)  # the owner is in its storage read
+            done = shardfs_cmd("umount", "--wait", "10", b.path)
+            assert done.returncode == 0, done.stderr
+            assert not process_alive(b.pid)  # (a zombie until its parent, init, reaps it)
+            assert "unmounted" in b.log()
+        finally:  # the nodes before the storage they read
+            flag.unlink(missing_ok=True)
             for node in (a, b):
                 force_unmount(node.path, node.pid)
