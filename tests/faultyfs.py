@@ -5,7 +5,8 @@
 Reads of file NAME that overlap bytes [START, END) answer EIO; everything else passes
 through. Storage that fails like a bad disk or a flaky network filesystem, for tests.
 With HANG_WHILE (a file name), those reads instead block for as long as that file exists,
-as on a hung network mount, and pass through once it is removed.
+as on a hung network mount, and pass through once it is removed; a read that blocks creates
+HANG_WHILE.blocked first (for tests to wait on).
 """
 
 import errno
@@ -43,6 +44,8 @@ class FaultyFS(fuse.Operations):
         if path.lstrip("/") == self.name and offset < self.end and offset + size > self.start:
             if self.hang_while is None:
                 raise fuse.FuseOSError(errno.EIO)
+            if os.path.exists(self.hang_while):
+                open(self.hang_while + ".blocked", "a").close()
             while os.path.exists(self.hang_while):
                 time.sleep(0.05)
         with open(self._real(path), "rb") as f:

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
-from test_disk_tier import tar_bytes, write_shards
+from test_disk_tier import hanging_storage, tar_bytes, write_shards
 from shardfs.service.daemon import _peers_status
 from shardfs.service.mount import process_alive
 from shardfs.storage.peers import auth, owner
@@ -398,25 +398,6 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
         figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
         assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
         assert all(f["bytes_from_peers"] > 0 for f in figures)
-
-
-@contextlib.contextmanager
-def hanging_storage(tmp_path, src, name: str, flag):
-    """``src`` behind a FUSE layer (faultyfs.py) whose reads of shard ``name`` block while ``flag``
-    exists, as on a busy or hung network filesystem."""
-    mnt = tmp_path / "storage"
-    mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "faultyfs.py"), str(src),
-                             str(mnt), name, "0", str(1 << 40), str(flag)], stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None)
-        assert proc.poll() is None, "faultyfs did not mount"
-        yield mnt
-    finally:
-        flag.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
-        force_unmount(str(mnt))
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
