@@ -192,10 +192,10 @@ class Daemon:
             self.peers.close()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
-        # Then exit at once, whatever is still under way: storage reads abandoned on daemon threads
-        # (a peer's request, a disk-tier fill on storage that does not answer) end with the process.
-        # Shard descriptors go with it too: closing one such a read still uses could hand its
-        # number to another file.
+        # Exit now, whatever is still under way: storage reads left on daemon threads (a peer's
+        # request, a disk-tier fill, on storage that does not answer) end with the process. So do
+        # the shards' descriptors: closing one that such a read still uses could give its number
+        # to another file.
         return 0
 
     # ---- figures ------------------------------------------------------------
