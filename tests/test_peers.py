@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
@@ -400,47 +399,13 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
         assert all(f["bytes_from_peers"] > 0 for f in figures)
 
 
-def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
-    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
-    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
-    no node reads that shard from storage but the owner."""
+@contextlib.contextmanager
+def a_read_waiting_for_its_owner(nodes, tmp_path):
+    """Nodes A and B on storage whose reads of a shard B owns hang (while the flag exists): a read
+    of its first member through A, on a thread, is waiting for B, who is reading storage.
+    Yields (A, B, the member's digest, the flag, the thread, [the bytes it read])."""
     src = tmp_path / "src"
     digests = write_shards(src, shards=4, members=4, largest=200_000)
-    peers = addresses(2)
-    reader, owner_node = peers
-    mnt = tmp_path / "storage"
-    slow = next(p.name for p in sorted(src.glob("*.tar"))
-                if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
-                == owner_node)
-    flag = tmp_path / "hang"
-    with hanging_storage(tmp_path, src, slow, flag) as storage:
-        a, b = nodes([storage] * 2, peers=peers)
-        try:
-            with tarfile.open(src / slow) as tf:
-                name = tf.getmembers()[0].name
-            flag.touch()
-            got = []
-            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
-            thread.start()
-            try:
-                wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
-            finally:
-                flag.unlink()
-                thread.join(timeout=60)
-            assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
-            figures = a.stats()["peers"]
-            assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
-        finally:  # the nodes before the storage they read
-            for node in (a, b):
-                force_unmount(node.path, node.pid)
-
-
-def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(nodes, tmp_path, monkeypatch):
-    """A peer request in flight at unmount (the owner reading storage that hangs) must not keep
-    the owner's daemon alive: it exits within `shardfs umount`'s wait, not when storage gives up."""
-    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "120")  # far longer than the wait below
-    src = tmp_path / "src"
-    write_shards(src, shards=4, members=4, largest=200_000)
     peers = addresses(2)
     mnt = tmp_path / "storage"
     slow = next(p.name for p in sorted(src.glob("*.tar"))
@@ -453,14 +418,36 @@ def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(n
             with tarfile.open(src / slow) as tf:
                 name = tf.getmembers()[0].name
             flag.touch()
-            thread = threading.Thread(target=lambda: check_all(a.path, {name: ""}), daemon=True)
+            got = []
+            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()),
+                                      daemon=True)
             thread.start()
-            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)  # the owner is in its storage read
-            done = shardfs_cmd("umount", "--wait", "10", b.path)
-            assert done.returncode == 0, done.stderr
-            assert not process_alive(b.pid)  # (a zombie until its parent, init, reaps it)
-            assert "unmounted" in b.log()
+            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            yield a, b, digests[name], flag, thread, got
         finally:  # the nodes before the storage they read
             flag.unlink(missing_ok=True)
             for node in (a, b):
                 force_unmount(node.path, node.pid)
+
+
+def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
+    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
+    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
+    no node reads that shard from storage but the owner."""
+    with a_read_waiting_for_its_owner(nodes, tmp_path) as (a, _b, digest, flag, thread, got):
+        flag.unlink()
+        thread.join(timeout=60)
+        assert got and hashlib.sha256(got[0]).hexdigest() == digest
+        figures = a.stats()["peers"]
+        assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+
+
+def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(nodes, tmp_path, monkeypatch):
+    """A peer request in flight at unmount (the owner reading storage that hangs) must not keep
+    the owner's daemon alive: it exits within `shardfs umount`'s wait, not when storage gives up."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "120")  # far longer than the wait below
+    with a_read_waiting_for_its_owner(nodes, tmp_path) as (_a, b, _digest, _flag, _thread, _got):
+        done = shardfs_cmd("umount", "--wait", "10", b.path)
+        assert done.returncode == 0, done.stderr
+        assert not process_alive(b.pid)  # (a zombie until its parent, init, reaps it)
+        assert "unmounted" in b.log()
