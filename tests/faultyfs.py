@@ -6,7 +6,8 @@ Reads of file NAME that overlap bytes [START, END) answer EIO; everything else p
 through. Storage that fails like a bad disk or a flaky network filesystem, for tests.
 With HANG_WHILE (a file name), those reads instead block for as long as that file exists,
 as on a hung network mount, and pass through once it is removed; HANG_WHILE.held then says how
-many reads are blocked now (a test waits for that state, not for time to pass).
+many reads are blocked now, and a read that blocks creates HANG_WHILE.blocked first (tests wait
+for those states, not for time to pass).
 """
 
 import errno
@@ -53,6 +54,8 @@ class FaultyFS(fuse.Operations):
         if path.lstrip("/") == self.name and offset < self.end and offset + size > self.start:
             if self.hang_while is None:
                 raise fuse.FuseOSError(errno.EIO)
+            if os.path.exists(self.hang_while):
+                open(self.hang_while + ".blocked", "a").close()
             self._hold(1)
             try:
                 while os.path.exists(self.hang_while):

@@ -64,7 +64,7 @@ def test_at_most_the_pool_size_of_threads_is_ever_stuck():
         for place in queued:  # no thread left: the calls wait in the queue and time out
             with pytest.raises(deadline.NotAnswering):
                 pool.run(place, release.wait, timeout=0.2)
-        assert pool._threads == 2
+        assert pool._pool._threads == 2
         assert [p.stuck for p in stuck + queued] == [1, 1, 0, 0]  # the queued ones were cancelled, not left to run later
     finally:
         release.set()

@@ -2,6 +2,7 @@
 wrong bytes (flipped bytes on local disk, a changed shard, a full disk, a daemon killed mid-fill),
 remote shards too. Every read is checked by sha256 against the source."""
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -23,7 +24,8 @@ from faulty_storage import faulty_mount, held
 from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
 from shardfs.service.mount import process_alive
 from shardfs.storage.placement import is_local_disk
-from shardfs.storage.tierfile import TierFile, read_header
+from shardfs.storage.disk import FILL_RUN
+from shardfs.storage.tierfile import CHUNK, TierFile, read_header
 
 pytestmark = needs_fuse
 
@@ -77,6 +79,15 @@ def wait_filled(tier, total: int, timeout: float = 60) -> None:
     while sum(c["filled"] for c in cached(tier)) < total:
         assert time.monotonic() < deadline, cached(tier)
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def hanging_storage(tmp_path, src, name: str, flag, start: int = 0):
+    """``src`` behind faultyfs, whose reads of shard ``name`` from byte ``start`` on block while
+    ``flag`` exists, as on a busy or hung network filesystem. Yields the mountpoint."""
+    mnt = tmp_path / "storage"
+    with faulty_mount(src, mnt, name, start, 1 << 40, hang_while=flag):
+        yield mnt
 
 
 def storage_bytes(m) -> int:
@@ -403,3 +414,39 @@ def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path,
             with pytest.raises(OSError) as exc:
                 f.read()
         assert exc.value.errno == errno.EIO, name
+
+
+def test_an_unmount_during_a_fill_of_hung_storage_exits_at_once_and_the_fill_resumes(tmp_path, mount,
+                                                                                   monkeypatch):
+    """A background fill still reading storage (which hangs) at unmount must not keep the daemon
+    alive; the chunks it had not written are fetched by the next mount's fill, the rest is reused."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "120")  # far longer than the wait below
+    src = tmp_path / "src"
+    digests = write_shards(src, seed=5, shards=1, members=16, largest=2_500_000)
+    total = (src / "part-00.tar").stat().st_size
+    # The fill reads FILL_RUN chunks per request from the first one missing: its first run ends
+    # within 2 runs whichever chunks the read below took first; from there on reads hang.
+    hang = 2 * FILL_RUN * CHUNK
+    assert total > hang + CHUNK
+    first = min(digests, key=lambda name: int(name.split("_")[-1].split(".")[0]))  # member 0, before that
+    flag, tier = tmp_path / "hang", tmp_path / "tier"
+    with hanging_storage(tmp_path, src, "part-00.tar", flag, start=hang) as storage:
+        m = mount(storage, options=options(tier, SMALL_RAM))
+        flag.touch()
+        with open(os.path.join(m.path, first), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digests[first]
+        deadline = time.monotonic() + 30  # the fill that read queued is now blocked past chunk 0
+        while not held(flag):
+            assert time.monotonic() < deadline, "no fill reached the hung storage"
+            time.sleep(0.05)
+        done = shardfs_cmd("umount", "--wait", "10", m.path)
+        assert done.returncode == 0, done.stderr
+        assert not process_alive(m.pid)  # (a zombie until its parent, init, reaps it)
+        assert "unmounted" in m.log()
+        filled = sum(c["filled"] for c in cached(tier))
+        assert FILL_RUN * CHUNK <= filled < total  # at least the first run is there, the one under way is not
+        flag.unlink()
+        again = mount(storage, options=options(tier, SMALL_RAM), name="again")
+        read_all(again.path, digests)
+        wait_filled(tier, total)
+        assert storage_bytes(again) == total - filled  # resumed: what was there is not read again

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import threading
@@ -20,8 +19,9 @@ import urllib.request
 import pytest
 
 from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
-from test_disk_tier import tar_bytes, write_shards
+from test_disk_tier import hanging_storage, tar_bytes, write_shards
 from shardfs.service.daemon import _peers_status
+from shardfs.service.mount import process_alive
 from shardfs.storage.peers import auth, owner
 from shardfs.storage.peers.server import FAULT_ENV
 
@@ -402,36 +402,17 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
 
 
 @contextlib.contextmanager
-def hanging_storage(tmp_path, src, name: str, flag):
-    """``src`` behind a FUSE layer (faultyfs.py) whose reads of shard ``name`` block while ``flag``
-    exists, as on a busy or hung network filesystem."""
-    mnt = tmp_path / "storage"
-    mnt.mkdir()
-    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "faultyfs.py"), str(src),
-                             str(mnt), name, "0", str(1 << 40), str(flag)], stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: os.path.ismount(mnt) or proc.poll() is not None)
-        assert proc.poll() is None, "faultyfs did not mount"
-        yield mnt
-    finally:
-        flag.unlink(missing_ok=True)  # release blocked reads before anything is unmounted
-        force_unmount(str(mnt))
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
-    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
-    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
-    no node reads that shard from storage but the owner."""
+def a_read_waiting_for_its_owner(nodes, tmp_path):
+    """Nodes A and B on storage whose reads of a shard B owns hang (while the flag exists): a read
+    of its first member through A, on a thread, is waiting for B, who is reading storage.
+    Yields (A, B, the member's digest, the flag, the thread, [the bytes it read])."""
     src = tmp_path / "src"
     digests = write_shards(src, shards=4, members=4, largest=200_000)
     peers = addresses(2)
-    reader, owner_node = peers
     mnt = tmp_path / "storage"
     slow = next(p.name for p in sorted(src.glob("*.tar"))
                 if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
-                == owner_node)
+                == peers[1])
     flag = tmp_path / "hang"
     with hanging_storage(tmp_path, src, slow, flag) as storage:
         a, b = nodes([storage] * 2, peers=peers)
@@ -440,16 +421,35 @@ def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_
                 name = tf.getmembers()[0].name
             flag.touch()
             got = []
-            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()))
+            thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()),
+                                      daemon=True)
             thread.start()
-            try:
-                wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
-            finally:
-                flag.unlink()
-                thread.join(timeout=60)
-            assert got and hashlib.sha256(got[0]).hexdigest() == digests[name]
-            figures = a.stats()["peers"]
-            assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            yield a, b, digests[name], flag, thread, got
         finally:  # the nodes before the storage they read
+            flag.unlink(missing_ok=True)
             for node in (a, b):
                 force_unmount(node.path, node.pid)
+
+
+def test_an_owner_busy_reading_storage_is_waited_for_not_marked_down(nodes, tmp_path):
+    """The owner's storage read takes longer than the 2 s a peer gets to answer: it is alive
+    (it answers the sign-of-life request), so the reader waits for it and gets the bytes from it;
+    no node reads that shard from storage but the owner."""
+    with a_read_waiting_for_its_owner(nodes, tmp_path) as (a, _b, digest, flag, thread, got):
+        flag.unlink()
+        thread.join(timeout=60)
+        assert got and hashlib.sha256(got[0]).hexdigest() == digest
+        figures = a.stats()["peers"]
+        assert figures["down"] == [] and figures["storage_bytes_read"] == 0 and figures["bytes_from_peers"] > 0
+
+
+def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(nodes, tmp_path, monkeypatch):
+    """A peer request in flight at unmount (the owner reading storage that hangs) must not keep
+    the owner's daemon alive: it exits within `shardfs umount`'s wait, not when storage gives up."""
+    monkeypatch.setenv("SHARDFS_STORAGE_TIMEOUT", "120")  # far longer than the wait below
+    with a_read_waiting_for_its_owner(nodes, tmp_path) as (_a, b, _digest, _flag, _thread, _got):
+        done = shardfs_cmd("umount", "--wait", "10", b.path)
+        assert done.returncode == 0, done.stderr
+        assert not process_alive(b.pid)  # (a zombie until its parent, init, reaps it)
+        assert "unmounted" in b.log()

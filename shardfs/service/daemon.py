@@ -192,8 +192,10 @@ class Daemon:
             self.peers.close()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
-        for shard in self.fs.view.shards:
-            shard.close()
+        # Exit now, whatever is still under way: storage reads left on daemon threads (a peer's
+        # request, a disk-tier fill, on storage that does not answer) end with the process. So do
+        # the shards' descriptors: closing one that such a read still uses could give its number
+        # to another file.
         return 0
 
     # ---- figures ------------------------------------------------------------

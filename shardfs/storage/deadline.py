@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from shardfs.errors import ShardfsError
+from shardfs.storage.threads import DaemonPool
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +95,17 @@ def place(name: str) -> Place:
 
 class LocalPool:
     """Runs blocking calls on local files (open, fstat, pread, stat) on a few threads, and waits
-    for each at most ``TIMEOUT``. Daemon threads, not a ThreadPoolExecutor: the interpreter
-    joins an executor's threads at exit, and a thread stuck on a hung mount would keep the
-    daemon from ever exiting."""
+    for each at most ``TIMEOUT``. Daemon threads (``threads.DaemonPool``): a thread stuck on a
+    hung mount must never keep the daemon from exiting."""
 
     def __init__(self, threads: int = LOCAL_THREADS):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._size, self._threads = threads, 0
-        self._pending = 0  # jobs queued or running
-        self._lock = threading.Lock()
+        self._size = threads
+        self._pool = DaemonPool(threads, "shardfs-storage")
 
     def run(self, where: Place, fn, *args, timeout: float | None = None):
         """``fn(*args)``'s result or exception; NotAnswering if it takes longer than ``timeout``."""
         where.admit()
-        future: Future = Future()
-        self._submit(future, fn, args)
+        future = self._pool.submit(fn, *args)
         try:
             result = future.result(timeout=TIMEOUT if timeout is None else timeout)
         except FutureTimeout:
@@ -128,26 +123,7 @@ class LocalPool:
 
     def _after_fork(self) -> None:
         """A forked child (an index worker) has none of the parent's threads: start afresh."""
-        self._jobs, self._threads, self._pending, self._lock = queue.SimpleQueue(), 0, 0, threading.Lock()
-
-    def _submit(self, future: Future, fn, args) -> None:
-        with self._lock:  # threads are made as needed, up to the pool's size
-            self._pending += 1
-            if self._pending > self._threads and self._threads < self._size:
-                self._threads += 1
-                threading.Thread(target=self._work, name=f"shardfs-storage-{self._threads}", daemon=True).start()
-        self._jobs.put((future, fn, args))
-
-    def _work(self) -> None:
-        while True:
-            future, fn, args = self._jobs.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as exc:  # handed to the caller, whatever it is
-                    future.set_exception(exc)
-            with self._lock:
-                self._pending -= 1
+        self._pool = DaemonPool(self._size, "shardfs-storage")
 
 
 def _unstuck(where: Place) -> None:

@@ -22,12 +22,12 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.buffers import BufferPool
 from shardfs.storage.memory import parse_size
+from shardfs.storage.threads import DaemonPool
 from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, fits, identity, logical_size,
                                       prepare_dir, remove_if_unused)
 
@@ -37,6 +37,7 @@ MISSING, CLAIMED, VALID = 0, 1, 2  # a chunk, as this daemon knows it
 FILL_RUN = 8  # chunks per storage request of a background fill (8 MiB)
 POLL_S = 0.02  # how often a daemon waiting for another's chunk looks again
 STALL_S = 5.0  # a filler whose file did not grow for this long is not filling what we wait for
+CLOSE_GRACE_S = 2.0  # at unmount, how long fills and reads under way get to finish with their file
 DEFAULT_SIZE = "80%"
 
 
@@ -70,6 +71,7 @@ class Entry:
         self.state = bytearray(VALID if r is not None else MISSING for r in file.records())
         self.cond = threading.Condition()
         self.fill_queued = False
+        self.users = 0  # threads reading or filling it now: its file stays open while > 0
 
 
 class DiskTier:
@@ -90,49 +92,72 @@ class DiskTier:
         self._counts = dict(hits=0, bytes_read=0, bytes_written=0, storage_bytes_read=0, storage_read_ns=0,
                             checksum_failures=0,
                             shards_added=0, shards_evicted=0, shards_refused=0)
-        self._fills = ThreadPoolExecutor(loaders, thread_name_prefix="shardfs-disk")
+        # Daemon threads: a fill still reading storage at unmount is cut short as by a SIGKILL.
+        self._fills = DaemonPool(loaders, "shardfs-disk")
         self._staging = BufferPool(FILL_RUN * CHUNK, keep=loaders + 2)  # storage reads on their way to disk
 
     # ---- the read path (called by the RAM cache) -------------------------------------------
 
     def read_into(self, shard: Shard, buf: memoryview, offset: int, length: int) -> None:
         """Shard.read_into through the tier, for whole chunks (``offset`` a multiple of CHUNK)."""
-        entry = self._entry(shard)
+        entry = self._use(shard)
         if entry is None:
             return self._storage(shard.read_into, buf, offset, length)
-        run = []  # claimed chunks, read from storage in one request
-        for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
-            got = self._claim(entry, chunk)
-            if got == VALID and self._from_disk(entry, chunk, into=buf) is not None:
-                self._fetch_run(shard, entry, run, buf)
-                run = []
-            else:
-                run.append(chunk)
-        self._fetch_run(shard, entry, run, buf)
-        entry.file.forget(offset, length)  # the bytes live in RAM now: not also in the page cache
+        try:
+            run = []  # claimed chunks, read from storage in one request
+            for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
+                got = self._claim(entry, chunk)
+                if got == VALID and self._from_disk(entry, chunk, into=buf) is not None:
+                    self._fetch_run(shard, entry, run, buf)
+                    run = []
+                else:
+                    run.append(chunk)
+            self._fetch_run(shard, entry, run, buf)
+            entry.file.forget(offset, length)  # the bytes live in RAM now: not also in the page cache
+        finally:
+            self._done(entry)
 
     def pread(self, shard: Shard, offset: int, length: int) -> bytes:
         """Shard.pread through the tier. The chunks the request touches are read whole (and
         cached); the rest of the shard follows in the background."""
-        entry = self._entry(shard)
+        entry = self._use(shard)
         if entry is None:
             return self._storage(shard.pread, offset, length)
-        length = min(length, shard.size - offset)
-        if length <= 0:
-            return b""
-        self._queue_fill(shard, entry)
-        pieces = []
-        for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
-            start, end = chunk * CHUNK, min(chunk * CHUNK + CHUNK, shard.size)
-            lo, hi = max(offset, start), min(offset + length, end)
-            got = self._claim(entry, chunk)
-            if got == VALID:
-                piece = self._from_disk(entry, chunk, lo, hi)
-                if piece is not None:
-                    pieces.append(piece)
-                    continue
-            pieces.append(self._fetch_chunks(shard, entry, chunk, 1, lo, hi))
-        return b"".join(pieces)
+        try:
+            length = min(length, shard.size - offset)
+            if length <= 0:
+                return b""
+            self._queue_fill(shard, entry)
+            pieces = []
+            for chunk in range(offset // CHUNK, (offset + length - 1) // CHUNK + 1):
+                start, end = chunk * CHUNK, min(chunk * CHUNK + CHUNK, shard.size)
+                lo, hi = max(offset, start), min(offset + length, end)
+                got = self._claim(entry, chunk)
+                if got == VALID:
+                    piece = self._from_disk(entry, chunk, lo, hi)
+                    if piece is not None:
+                        pieces.append(piece)
+                        continue
+                pieces.append(self._fetch_chunks(shard, entry, chunk, 1, lo, hi))
+            return b"".join(pieces)
+        finally:
+            self._done(entry)
+
+    def _use(self, shard: Shard) -> Entry | None:
+        """The shard's entry, in use (its file kept open) until ``_done``; None: read storage
+        directly (not cached on disk, the tier off, or unmounted)."""
+        entry = self._entry(shard)
+        if entry is not None:
+            with entry.cond:
+                if self._closed:
+                    return None
+                entry.users += 1
+        return entry
+
+    def _done(self, entry: Entry) -> None:
+        with entry.cond:
+            entry.users -= 1
+            entry.cond.notify_all()
 
     def _storage(self, read, *args):
         """A read from shared storage (``args`` end with offset, length), counted and timed."""
@@ -261,15 +286,23 @@ class DiskTier:
     def _queue_fill(self, shard: Shard, entry: Entry) -> None:
         if entry.filler and not entry.fill_queued and not self._closed and MISSING in entry.state:
             entry.fill_queued = True
-            self._fills.submit(self._fill, shard, entry)
+            try:
+                self._fills.submit(self._fill, shard, entry)
+            except RuntimeError:  # unmounted meanwhile: no more fills
+                entry.fill_queued = False
 
     def _fill(self, shard: Shard, entry: Entry) -> None:
+        with entry.cond:
+            if self._closed:
+                return
+            entry.users += 1
         try:
             self._fill_missing(shard, entry)
         except Exception:  # a loader must survive anything one shard does
             log.exception("filling %s into the disk tier failed", shard.path)
         finally:
             entry.fill_queued = False
+            self._done(entry)
 
     def _fill_missing(self, shard: Shard, entry: Entry) -> None:
         """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
@@ -295,7 +328,7 @@ class DiskTier:
     def _entry(self, shard: Shard) -> Entry | None:
         if shard.broken:
             raise ShardIOError(shard.broken, unavailable=True, permanent=True)
-        if self.disabled:
+        if self.disabled or self._closed:
             return None
         entry = self.entries.get(shard)
         if entry is None and shard not in self.entries:
@@ -304,6 +337,8 @@ class DiskTier:
 
     def _open(self, shard: Shard) -> Entry | None:
         with self._lock:
+            if self._closed:  # (close sets it before it takes the lock: no entry is opened after)
+                return None
             if shard in self.entries:
                 return self.entries[shard]
             if not fits(identity(shard)):
@@ -399,15 +434,25 @@ class DiskTier:
                 **counts, "disabled": self.disabled or ""}
 
     def close(self) -> None:
+        """At unmount: fills stop after the run they read; each file is closed once nobody uses it.
+        One still in use after CLOSE_GRACE_S (a fill or a peer's read waiting on storage that does
+        not answer) is left open to the process's exit, which drops its fill lock as a SIGKILL
+        would: a chunk is recorded only once written whole, so the next filler fetches the rest."""
         self._closed = True
-        self._fills.shutdown(wait=True, cancel_futures=True)
-        self._staging.close()
+        self._fills.shutdown(cancel_futures=True)
+        self._staging.close()  # the free buffers; one an abandoned fill still holds goes with the exit
         with self._lock:
-            for shard, entry in self.entries.items():
-                if entry is not None:
-                    if self.publisher is not None:
-                        self.publisher.off_disk(shard)  # before its descriptor closes
-                    with contextlib.suppress(OSError):
-                        os.utime(entry.file.path)  # used until now, for the LRU order of eviction
-                    entry.file.close()
+            entries = [(shard, entry) for shard, entry in self.entries.items() if entry is not None]
             self.entries.clear()
+        ends = time.monotonic() + CLOSE_GRACE_S
+        for shard, entry in entries:
+            with entry.cond:
+                if not entry.cond.wait_for(lambda: entry.users == 0, max(0.0, ends - time.monotonic())):
+                    log.info("%s: still read or filled at unmount; its disk-tier file is left to the exit",
+                             shard.path)
+                    continue
+            if self.publisher is not None:
+                self.publisher.off_disk(shard)  # before its descriptor closes
+            with contextlib.suppress(OSError):
+                os.utime(entry.file.path)  # used until now, for the LRU order of eviction
+            entry.file.close()

@@ -160,6 +160,7 @@ class ShardCache:
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
+        self._closed = False  # unmounted: loads stop, readers still waiting give up
         self._lock = threading.Lock()
         self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, evicted=0, admitted=0,
                             storage_read_ns=0, load_errors=0)
@@ -219,9 +220,11 @@ class ShardCache:
             with res.cond:
                 deadline = time.monotonic() + WAIT_LIMIT
                 waited |= res.state[chunk] != LOADED
-                while res.state[chunk] == CLAIMED and not res.failed:
+                while res.state[chunk] == CLAIMED and not res.failed and not self._closed:
                     if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
                         raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
+                if self._closed and res.state[chunk] != LOADED:
+                    raise ShardIOError(f"{res.shard.path}: unmounted")
                 if res.failed:
                     raise ShardIOError(res.failed)
                 if res.state[chunk] == BAD:
@@ -257,6 +260,11 @@ class ShardCache:
                 self._drop(res)
                 raise
             raise _BadChunk from exc
+        except BaseException:  # anything else: the chunks go back, nobody waits for them in vain
+            with res.cond:
+                res.state[first : first + count] = bytes([MISSING]) * count
+                res.cond.notify_all()
+            raise
         self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
         with res.cond:
             res.state[first : first + count] = bytes([LOADED]) * count
@@ -360,7 +368,7 @@ class ShardCache:
             res = self._admit(shard, priority)
             if res is None:
                 return  # no room: prefetch stops at the budget
-        while not res.complete and not res.failed and self.resident.get(shard) is res:
+        while not res.complete and not res.failed and not self._closed and self.resident.get(shard) is res:
             with res.cond:
                 # One pass in file order; what fails is left to the readers that need it.
                 first = res.state.find(MISSING, res.cursor)
@@ -416,6 +424,12 @@ class ShardCache:
         }
 
     def close(self) -> None:
+        """At unmount: loads stop after the run they read, readers still waiting for a chunk answer
+        EIO now (a peer's request, whose reply nobody will send). Nothing here waits for storage."""
+        self._closed = True
         self._queue.stop()
+        for res in list(self.resident.values()):
+            with res.cond:
+                res.cond.notify_all()
         if self.disk is not None:
             self.disk.close()

@@ -20,12 +20,13 @@ import logging
 import os
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from shardfs.errors import UsageError
 from shardfs.storage.base import ShardIOError
 from shardfs.storage.peers import auth
 from shardfs.storage.peers.addresses import split
+from shardfs.storage.threads import DaemonPool
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class PeerServer:
         self.fault = os.environ.get(FAULT_ENV)
         self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0)
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shardfs-peer-serve", initializer=_mark_serving)
+        # Daemon threads: a request still reading storage at unmount is abandoned, never waited for.
+        self._pool = DaemonPool(THREADS, "shardfs-peer-serve", initializer=_mark_serving)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner = None
 
@@ -180,4 +182,4 @@ class PeerServer:
         except Exception as exc:  # stopping must not keep the daemon from the rest of its exit
             log.warning("peer server: %s while stopping", exc or type(exc).__name__)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(cancel_futures=True)
