@@ -118,7 +118,9 @@ def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
     assert storage_read(mounts) == total
     for m in mounts:
         peers = m.stats()["peers"]
-        assert peers["bytes_from_peers"] > 0 and peers["bytes_to_peers"] > 0
+        # (the ports are random, so which node owns how many of the 8 shards changes from run to run)
+        assert (peers["bytes_from_peers"] > 0) == (peers["shards_owned"] < 8)
+        assert (peers["bytes_to_peers"] > 0) == (peers["shards_owned"] > 0)
         assert peers["peers_up"] == 3 and peers["failures"] == 0
     # A second pass through new page-cache misses: answered from the RAM caches, storage untouched.
     for m in mounts:

@@ -37,7 +37,6 @@ import glob
 import io
 import os
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ import bench_tier as tier  # the capped shared storage
 from benchlib import machine
 from benchlib.caches import drop_caches
 from benchlib.cli import REPO, shardfs
-from benchlib.mounts import Mounts
+from benchlib.mounts import Mounts, sigterm_unwinds
 from benchlib.readers import read_all, timed_listing
 from benchlib.rounds import until_interrupted
 from benchlib.sample import make_imagefolder
@@ -361,14 +360,7 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
-    main_pid = os.getpid()
-
-    def on_term(signum, _frame):
-        if os.getpid() != main_pid:
-            os._exit(128 + signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_unwinds()
     ctx = Ctx()
     ctx.args, ctx.work = args, os.path.abspath(args.workdir)
     os.makedirs(ctx.work, exist_ok=True)
