@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 
+from benchlib.cli import REPO
 from shardfs.service.mount import process_alive
 
 PYTHON = os.path.realpath(sys.executable)
@@ -291,8 +292,15 @@ class SlurmCluster:
         setup += [f"{{ [ -e {ns}/fuse ] || mknod {ns}/fuse c 10 229; }}", f"chmod 666 {ns}/fuse",
                   f"mount --bind {ns}/fuse /dev/fuse"]
         if self.net:
-            setup += [f"mount --bind {self.dir}/hosts /etc/hosts",
-                      f"mount --bind {self.node_path(node.name, '/tmp')} /tmp"]
+            tmp = self.node_path(node.name, "/tmp")
+            setup.append(f"mount --bind {self.dir}/hosts /etc/hosts")
+            # The code under test stays where it is when it lives under /tmp (a checkout there):
+            # bound at the same path inside the node's /tmp, which is bound with its submounts.
+            repo = os.path.realpath(REPO)
+            if repo.startswith("/tmp/"):
+                inside = os.path.join(tmp, repo[len("/tmp/"):])
+                setup += [f"mkdir -p {inside}", f"mount --bind {repo} {inside}"]
+            setup.append(f"mount --rbind {tmp} /tmp")
         setup.append(f"exec slurmd -D -f {self.conf}")
         cmd = ["unshare", "-m", "--propagation", "private", *(["--uts"] if self.net else []),
                "sh", "-ec", " && ".join(setup)]

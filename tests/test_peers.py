@@ -147,6 +147,15 @@ def shards_owned_by(shards, peers: list[str], me: str) -> int:
     return len(owned(shards, peers, me))
 
 
+def addresses_each_owning(shards, count: int) -> list[str]:
+    """Peer addresses (random ports) by which every node owns at least one of the shards."""
+    for _ in range(100):
+        peers = addresses(count)
+        if all(owned(shards, peers, me) for me in peers):
+            return peers
+    raise AssertionError(f"no {count} addresses found that each own a shard of {shards}")
+
+
 def test_the_nodes_ram_adds_up_owned_shards_go_first(nodes, tmp_path):
     """Each node's budget holds what it owns and two shards more, far from the whole dataset:
     epochs 1 and 2 through every node read shared storage once in all, as owned shards evict others."""
@@ -195,7 +204,8 @@ def test_without_peers_every_node_reads_storage_itself(mount, dataset):
 
 def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes, dataset):
     shards, digests = dataset
-    a, b, c = nodes([shards] * 3, options=("--cache-size", SMALL_RAM))
+    # B and C each own a shard, so that A has to ask each of them (and find it down)
+    a, b, c = nodes([shards] * 3, options=("--cache-size", SMALL_RAM), peers=addresses_each_owning(shards, 3))
     errors, passes, stop = [], [0], threading.Event()
 
     def reader():
@@ -410,11 +420,15 @@ def a_read_waiting_for_its_owner(nodes, tmp_path):
     Yields (A, B, the member's digest, the flag, the thread, [the bytes it read])."""
     src = tmp_path / "src"
     digests = write_shards(src, shards=4, members=4, largest=200_000)
-    peers = addresses(2)
     mnt = tmp_path / "storage"
-    slow = next(p.name for p in sorted(src.glob("*.tar"))
-                if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
-                == peers[1])
+    for _ in range(100):  # the ports are random: until B owns a shard (half of the tries do)
+        peers = addresses(2)
+        owned = [p.name for p in sorted(src.glob("*.tar"))
+                 if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
+                 == peers[1]]
+        if owned:
+            break
+    slow = owned[0]
     flag = tmp_path / "hang"
     with hanging_storage(tmp_path, src, slow, flag) as storage:
         a, b = nodes([storage] * 2, peers=peers)
