@@ -42,10 +42,10 @@ import sys
 import time
 
 import bench_tier as tier  # the capped shared storage
-from benchlib import machine
+from benchlib import capped
 from benchlib.caches import drop_caches
-from benchlib.cli import REPO, shardfs
-from benchlib.mounts import Mounts, sigterm_unwinds
+from benchlib.cli import shardfs
+from benchlib.mounts import Mounts
 from benchlib.readers import read_all, timed_listing
 from benchlib.rounds import until_interrupted
 from benchlib.sample import make_imagefolder
@@ -358,16 +358,9 @@ def main() -> int:
     parser.add_argument("--decode-images", type=int, default=500, help="images per decode pass (a random sample)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
-    sigterm_unwinds()
     ctx = Ctx()
-    ctx.args, ctx.work = args, os.path.abspath(args.workdir)
-    os.makedirs(ctx.work, exist_ok=True)
+    ctx.args, ctx.work = args, capped.begin(parser, args)
     os.environ["HF_DATASETS_CACHE"] = os.path.join(ctx.work, "hf-cache")
-    print(f"command: python3 {' '.join(sys.argv)}")
-    print(f"machine: {machine.describe(machine.facts(ctx.work))}, load {os.getloadavg()[0]:.1f}")
-    print(f"shardfs code: commit {tier.run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
     ctx.jpegs = os.path.join(ctx.work, f"jpegs-{args.side}")
     want = args.classes * args.per_class
     if not os.path.isdir(ctx.jpegs) or len(samples(ctx.jpegs)[1]) != want:

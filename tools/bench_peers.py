@@ -49,11 +49,11 @@ import threading
 import time
 
 import bench_dataset
-from benchlib import machine
+from benchlib import capped
 from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, shard_files
 from benchlib.machine import Others, proc_status
-from benchlib.mounts import Mounts, sigterm_unwinds
+from benchlib.mounts import Mounts
 from benchlib.tables import cell, median
 
 from shardfs.storage.memory import parse_size
@@ -383,13 +383,8 @@ def main() -> int:
     parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")
     parser.add_argument("--json", help="also write every round's figures here")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
-    sigterm_unwinds()
     ctx = Ctx()
-    ctx.args, ctx.work = args, os.path.abspath(args.workdir)
-    os.makedirs(ctx.work, exist_ok=True)
-    machine.print_header(ctx.work)
+    ctx.args, ctx.work = args, capped.begin(parser, args)
     with contextlib.ExitStack() as stack:
         ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)

@@ -53,12 +53,12 @@ import threading
 import time
 
 import bench_dataset
-from benchlib import machine
+from benchlib import capped
 from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, device_read_bytes, run, shard_files, write
 from benchlib.cli import shardfs
 from benchlib.machine import Others, proc_status
-from benchlib.mounts import Mounts, sigterm_unwinds
+from benchlib.mounts import Mounts
 from benchlib.readers import read_all, timed_listing
 from benchlib.tables import cell, median
 
@@ -456,14 +456,8 @@ def main() -> int:
     if args.dataset_size < 4 * args.cache_size and not args.sweep:
         print(f"WARNING: the dataset is under 4x the RAM budget ({args.dataset_size >> 20}M, "
               f"{args.cache_size >> 20}M)")
-    if os.geteuid() != 0:
-        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
-
-    sigterm_unwinds()
     ctx = Ctx()
-    ctx.args, ctx.work = args, os.path.abspath(args.workdir)
-    os.makedirs(ctx.work, exist_ok=True)
-    machine.print_header(ctx.work)
+    ctx.args, ctx.work = args, capped.begin(parser, args)
     with contextlib.ExitStack() as stack:
         ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)

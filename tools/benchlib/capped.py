@@ -134,3 +134,18 @@ def dataset(work: str, want: dict, image_size: int, fill, rebuild: bool,
 def shard_files(shared: str) -> list[str]:
     top = os.path.join(shared, "shards")
     return sorted(os.path.join(top, n) for n in os.listdir(top) if n.endswith(".tar"))
+
+
+def begin(parser, args) -> str:
+    """A capped-storage benchmark's start: root (loop devices, blkio cgroups, drop_caches), SIGTERM
+    that unwinds its ExitStacks, its work folder made, its first lines printed. Returns the folder."""
+    from .machine import print_header
+    from .mounts import sigterm_unwinds
+
+    if os.geteuid() != 0:
+        parser.error("run as root: loop devices, blkio cgroups and drop_caches need it")
+    sigterm_unwinds()
+    work = os.path.abspath(args.workdir)
+    os.makedirs(work, exist_ok=True)
+    print_header(work)
+    return work
