@@ -11,6 +11,7 @@ from shardfs.storage import ram as cache_mod
 from shardfs.storage.memory import parse_size
 from shardfs.storage.ram import ShardCache
 from shardfs.storage.base import ShardIOError
+from shardfs.storage.buffers import footprint
 from shardfs.storage.local import LocalShard as Shard
 
 MB = 1 << 20
@@ -53,7 +54,7 @@ def test_concurrent_readers_of_uncached_shards_get_right_bytes_and_one_pass(shar
             list(pool.map(check, _ranges([len(d) for d in data], 2000)))
         snap = cache.snapshot()
         assert snap["storage_bytes_read"] <= sum(map(len, data))  # every chunk read at most once
-        assert snap["direct_reads"] == 0 and snap["used_bytes"] == sum(map(len, data))
+        assert snap["direct_reads"] == 0 and snap["used_bytes"] == sum(footprint(len(d)) for d in data)
         assert snap["hits"] + snap["misses"] == 2000
     finally:
         cache.close()
@@ -80,14 +81,14 @@ def test_touched_shards_are_loaded_whole_in_the_background(shard_files):
 
 def test_prefetch_all_streams_everything_that_fits(shard_files):
     size = os.path.getsize(shard_files[0])
-    cache = ShardCache(_shards(shard_files), budget=3 * size, prefetch="all")
+    cache = ShardCache(_shards(shard_files), budget=3 * footprint(size), prefetch="all")  # what 3 cost
     try:
         for _ in range(400):
             if cache.snapshot()["shards_cached"] == 3:
                 break
             threading.Event().wait(0.05)
         snap = cache.snapshot()
-        assert snap["shards_cached"] == 3 and snap["used_bytes"] == 3 * size <= snap["budget_bytes"]
+        assert snap["shards_cached"] == 3 and snap["used_bytes"] == 3 * footprint(size) <= snap["budget_bytes"]
         assert snap["storage_bytes_read"] == 3 * size
     finally:
         cache.close()
@@ -121,7 +122,7 @@ def test_eviction_while_reads_are_in_flight(shard_files):
     data = [p.read_bytes() for p in shard_files]
     # Budget for two shards, evict anything idle: constant churn between five shards.
     shards = _shards(shard_files)
-    cache = ShardCache(shards, budget=2 * len(data[0]), idle_evict=0.0)
+    cache = ShardCache(shards, budget=2 * footprint(len(data[0])), idle_evict=0.0)
     try:
         def check(job):
             s, off, n = job
@@ -129,11 +130,11 @@ def test_eviction_while_reads_are_in_flight(shard_files):
 
         with ThreadPoolExecutor(12) as pool:
             list(pool.map(check, _ranges([len(d) for d in data], 3000, seed=5)))
-        assert cache.snapshot()["used_bytes"] <= 2 * len(data[0])
+        assert cache.snapshot()["used_bytes"] <= 2 * footprint(len(data[0]))
     finally:
         cache.close()
     # One reader at a time on a fresh cache: the third shard's admission evicts the idle first one.
-    cache = ShardCache(shards, budget=2 * len(data[0]), idle_evict=0.0)
+    cache = ShardCache(shards, budget=2 * footprint(len(data[0])), idle_evict=0.0)
     try:
         for s in range(3):
             assert cache.fetch(shards[s], 0, 100) == data[s][:100]

@@ -164,10 +164,11 @@ def _shards(tmp_path, count: int, size: int) -> list:
 
 
 def test_owned_shards_evict_others_from_the_ram_cache_others_only_take_room(tmp_path):
+    from shardfs.storage.buffers import footprint
     from shardfs.storage.ram import CHUNK, ShardCache
 
     a, b, mine, c = _shards(tmp_path, 4, CHUNK)
-    cache = ShardCache([], 2 * CHUNK, keep_first=lambda shard: shard is mine)
+    cache = ShardCache([], 2 * footprint(CHUNK), keep_first=lambda shard: shard is mine)
     try:
         for shard in (a, b):
             assert bytes(cache.fetch(shard, 0, 10)) == bytes([int(os.path.basename(shard.path)[0])]) * 10

@@ -52,18 +52,18 @@ def test_psi_reader_reads_some_avg10(tmp_path):
 
 
 def test_resize_evicts_least_recently_used_and_keeps_views_valid(tmp_path):
-    paths = _shard_files(tmp_path / "shards", 4, 3 * MiB)
+    paths = _shard_files(tmp_path / "shards", 4, 4 * MiB)  # whole huge pages: each costs its size
     shards = [LocalShard.open(p) for p in paths]
     cache = ShardCache(shards, budget=16 * MiB)
     try:
         views = []
         for shard in shards:  # s0 is the least recently used
-            views.append(cache.fetch(shard, 0, 3 * MiB))
+            views.append(cache.fetch(shard, 0, 4 * MiB))
             time.sleep(0.01)
         assert len(cache.resident) == 4
-        cache.resize(7 * MiB)
+        cache.resize(9 * MiB)
         assert [s.path for s in cache.resident] == paths[2:]
-        assert cache.snapshot()["budget_bytes"] == 7 * MiB and cache.snapshot()["used_bytes"] == 6 * MiB
+        assert cache.snapshot()["budget_bytes"] == 9 * MiB and cache.snapshot()["used_bytes"] == 8 * MiB
         # A reader still holding a view of an evicted shard sees its bytes, not freed memory.
         for path, view in zip(paths, views):
             assert hashlib.sha256(view).digest() == hashlib.sha256(open(path, "rb").read()).digest()

@@ -20,10 +20,17 @@ import threading
 HUGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages): the size the kernel aligns large mappings to
 
 
+def footprint(size: int) -> int:
+    """The bytes ``anonymous(size)`` maps: whole huge pages from half a huge page up (a smaller
+    mapping gets none, and a 1 MiB read into it reaches storage as two requests), else whole pages."""
+    unit = HUGE if size >= HUGE // 2 else mmap.PAGESIZE
+    return max(-(-size // unit) * unit, mmap.PAGESIZE)
+
+
 def anonymous(size: int) -> mmap.mmap:
-    """A private anonymous mapping of ``size`` bytes rounded up to whole pages, asking for huge
-    pages (the kernel aligns mappings of whole huge pages to them)."""
-    buf = mmap.mmap(-1, max(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE),
+    """A private anonymous mapping of ``footprint(size)`` bytes, asking for huge pages (the kernel
+    aligns mappings of whole huge pages to them)."""
+    buf = mmap.mmap(-1, footprint(size),
                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError, AttributeError):  # no THP in this kernel: ordinary pages
         buf.madvise(mmap.MADV_HUGEPAGE)

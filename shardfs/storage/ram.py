@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from shardfs.errors import ShardfsError
 from shardfs.storage import buffers, deadline
 from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.priority import Priority
 
 if TYPE_CHECKING:
     from shardfs.storage.disk import DiskTier
@@ -83,6 +84,7 @@ class Resident:
     def __init__(self, shard: Shard):
         self.shard = shard
         self.size = shard.size
+        self.footprint = buffers.footprint(self.size)  # what it costs of the budget
         # Whole pages, so that O_DIRECT reads of the last chunk fit (see Shard.read_at); huge ones
         # where the kernel gives them, so that those reads reach storage as large requests.
         self.buf = buffers.anonymous(self.size)
@@ -148,15 +150,17 @@ class LoadQueue:
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
                  idle_evict: float = 300.0, disk: DiskTier | None = None, publisher: Publisher | None = None,
-                 keep_first: Callable[[Shard], bool] | None = None):
+                 keep_first: Callable[[Shard], bool] | None = None, priority: Priority | None = None):
         """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
         read through the disk tier, whose figures of storage reads replace ours. ``publisher``
         is told of every resident buffer (see Publisher). ``keep_first(shard)``: shards this node
-        owns among its peers; they may evict others (see _make_room)."""
+        owns among its peers; they may evict others (see _make_room). ``priority``: shared with
+        the disk tier's fills, so that readers' reads go before both."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
         self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
         self.publisher, self.keep_first = publisher, keep_first
+        self.priority = priority or Priority(loaders)
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -217,23 +221,28 @@ class ShardCache:
         Returns whether anything had to be read or waited for."""
         waited = False
         for chunk in range(first, last + 1):
-            with res.cond:
-                deadline = time.monotonic() + WAIT_LIMIT
-                waited |= res.state[chunk] != LOADED
-                while res.state[chunk] == CLAIMED and not res.failed and not self._closed:
-                    if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
-                        raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
-                if self._closed and res.state[chunk] != LOADED:
-                    raise ShardIOError(f"{res.shard.path}: unmounted")
-                if res.failed:
-                    raise ShardIOError(res.failed)
-                if res.state[chunk] == BAD:
-                    raise _BadChunk
-                if res.state[chunk] == LOADED:
-                    continue
-                res.state[chunk] = CLAIMED
-            self._read_chunks(res, chunk, 1)
+            if res.state[chunk] != LOADED:
+                waited = True
+                with self.priority.demand():
+                    self._ensure_chunk(res, chunk)
         return waited
+
+    def _ensure_chunk(self, res: Resident, chunk: int) -> None:
+        with res.cond:
+            deadline = time.monotonic() + WAIT_LIMIT
+            while res.state[chunk] == CLAIMED and not res.failed and not self._closed:
+                if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
+            if self._closed and res.state[chunk] != LOADED:
+                raise ShardIOError(f"{res.shard.path}: unmounted")
+            if res.failed:
+                raise ShardIOError(res.failed)
+            if res.state[chunk] == BAD:
+                raise _BadChunk
+            if res.state[chunk] == LOADED:
+                return
+            res.state[chunk] = CLAIMED
+        self._read_chunks(res, chunk, 1)
 
     def _read_chunks(self, res: Resident, first: int, count: int) -> None:
         """Read claimed chunks first..first+count-1 in one request and mark them loaded."""
@@ -273,7 +282,8 @@ class ShardCache:
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
         began = time.perf_counter_ns()
-        data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
+        with self.priority.demand():
+            data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
         shard.forget(offset, length)
         self._count("direct_reads")
         self._count("misses")
@@ -292,7 +302,8 @@ class ShardCache:
             refused_at = self.refused.get(shard)
             if refused_at is not None and refused_at == self._counts["evicted"]:
                 return None  # refused before and nothing was evicted since: keep reading it directly
-            if shard.size > self.budget or not self._make_room(shard.size, self._first(shard)):
+            need = buffers.footprint(shard.size)
+            if need > self.budget or not self._make_room(need, self._first(shard)):
                 # Admitting it later in the same pass would load again what was just read directly.
                 self.refused[shard] = self._counts["evicted"]
                 if self.publisher is not None:
@@ -301,7 +312,7 @@ class ShardCache:
             if self.refused.pop(shard, None) is not None and self.publisher is not None:
                 self.publisher.direct(shard, False)
             res = self.resident[shard] = Resident(shard)
-            self.reserved += shard.size
+            self.reserved += res.footprint
             if self.publisher is not None:
                 self.publisher.resident(shard, res.buf, res.size, res.state, CHUNK)
             self._counts["admitted"] += 1
@@ -348,7 +359,7 @@ class ShardCache:
 
     def _evict_locked(self, shard: Shard) -> None:
         res = self.resident.pop(shard)
-        self.reserved -= res.size
+        self.reserved -= res.footprint
         self._counts["evicted"] += 1
         if self.publisher is not None:
             self.publisher.gone(shard)
@@ -369,28 +380,36 @@ class ShardCache:
             if res is None:
                 return  # no room: prefetch stops at the budget
         while not res.complete and not res.failed and not self._closed and self.resident.get(shard) is res:
-            with res.cond:
-                # One pass in file order; what fails is left to the readers that need it.
-                first = res.state.find(MISSING, res.cursor)
-                if first < 0:
-                    return  # the rest is loaded or claimed by readers
-                count = 1
-                while count < LOAD_RUN and first + count < len(res.state) and res.state[first + count] == MISSING:
-                    count += 1
-                res.cursor = first + count
-                res.state[first : first + count] = bytes([CLAIMED]) * count
-                res.busy += 1
-            try:
-                self._read_chunks(res, first, count)
-            except _BadChunk:
-                continue
-            except ShardIOError:
-                return
-            finally:
-                with res.cond:
-                    res.busy -= 1
+            with self.priority.background(LOAD_RUN) as run:
+                if not self._load_run(res, run):
+                    return
         if res.complete:
             log.debug("%s: cached (%d MB)", res.shard.name, res.size >> 20)
+
+    def _load_run(self, res: Resident, run: int) -> bool:
+        """Claim and read the next ``run`` missing chunks after the cursor; False: nothing left
+        for this loader (the rest is loaded or claimed by readers, or storage failed for good)."""
+        with res.cond:
+            # One pass in file order; what fails is left to the readers that need it.
+            first = res.state.find(MISSING, res.cursor)
+            if first < 0:
+                return False
+            count = 1
+            while count < run and first + count < len(res.state) and res.state[first + count] == MISSING:
+                count += 1
+            res.cursor = first + count
+            res.state[first : first + count] = bytes([CLAIMED]) * count
+            res.busy += 1
+        try:
+            self._read_chunks(res, first, count)
+        except _BadChunk:
+            pass
+        except ShardIOError:
+            return False
+        finally:
+            with res.cond:
+                res.busy -= 1
+        return True
 
     # ---- figures ----------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""storage.priority: readers' storage reads before background loads, and the background's turns."""
+
+import threading
+
+from shardfs.storage.priority import QUIET_S, SHORT_RUN, Priority
+
+FULL = 8
+
+
+def _background_in_thread(priority: Priority, run: int = FULL):
+    """A thread that takes a background turn and holds it until ``release`` is set."""
+    entered, release, got = threading.Event(), threading.Event(), []
+
+    def take():
+        with priority.background(run) as allowed:
+            got.append(allowed)
+            entered.set()
+            release.wait(30)
+
+    t = threading.Thread(target=take, daemon=True)
+    t.start()
+    return t, entered, release, got
+
+
+def test_without_readers_the_background_runs_full_runs_side_by_side():
+    priority = Priority(background=2)
+    a = _background_in_thread(priority)
+    b = _background_in_thread(priority)
+    c = _background_in_thread(priority)
+    try:
+        assert a[1].wait(10) and b[1].wait(10)
+        assert a[3] == [FULL] and b[3] == [FULL]
+        assert not c[1].wait(0.3)  # a third waits for one of the two
+        a[2].set()
+        assert c[1].wait(10) and c[3] == [FULL]
+    finally:
+        for t, _, release, _ in (a, b, c):
+            release.set()
+            t.join(10)
+
+
+def test_a_reader_waiting_holds_the_background_back_until_its_read_ends():
+    priority = Priority(background=2)
+    with priority.demand():
+        t, entered, release, got = _background_in_thread(priority)
+        assert not entered.wait(0.3)  # no turn while the reader's read is under way
+    try:
+        # The read ended: the background gets one short turn at once, while readers may still wait.
+        assert entered.wait(10) and got == [SHORT_RUN]
+    finally:
+        release.set()
+        t.join(10)
+
+
+def test_one_background_request_per_demand_read_while_readers_wait_then_full_runs_when_quiet():
+    priority = Priority(background=2)
+    with priority.demand():
+        pass  # one demand read ended: one short turn owed
+    first = _background_in_thread(priority)
+    assert first[1].wait(10) and first[3] == [SHORT_RUN]
+    first[2].set()
+    first[0].join(10)
+    # No turn is owed any more: the next goes only once the readers are quiet, with a full run.
+    second = _background_in_thread(priority)
+    try:
+        assert second[1].wait(10 + QUIET_S) and second[3] == [FULL]
+    finally:
+        second[2].set()
+        second[0].join(10)
