@@ -235,7 +235,7 @@ def one_format(ctx, fmt: str, r: int):
     idx = glob.glob(os.path.join(ctx.shared, fmt, "*.shardfs-idx"))
     out["index_bytes_per_member"] = sum(os.path.getsize(p) for p in idx) / ctx.marker["files"]
 
-    out["seq"] = tier.sequential_bound(files, ctx.marker["files"])
+    out["seq"] = tier.sequential_bound(files, ctx.marker["files"], ctx.cap)
     drop_caches()
     m, out["mount_loaded_s"] = timed_mount(ctx, fmt, fmt)
     try:
@@ -371,9 +371,9 @@ def main() -> int:
     image_bytes = sum(os.path.getsize(p) for _, _, p in samples(ctx.jpegs)[1])
     with contextlib.ExitStack() as stack:
         image = os.path.join(ctx.work, "shared.img")
-        tier.make_image(image, int(image_bytes * 4 * 1.3) + (256 << 20))
+        capped.make_image(image, int(image_bytes * 4 * 1.3) + (256 << 20))
         ctx.shared = os.path.join(ctx.work, "shared")
-        ctx.dev = tier.attach_image(image, ctx.shared, stack)
+        ctx.dev = capped.attach_image(image, ctx.shared, stack)
         stack.callback(shutil.rmtree, os.path.join(ctx.work, "hf-cache"), True)
         t0 = time.perf_counter()
         ctx.marker = make_files(args, ctx.shared, ctx.jpegs)
@@ -388,7 +388,7 @@ def main() -> int:
         ctx.cap = None
         stack.callback(lambda: ctx.cap and ctx.cap.close())
         ctx.mounts = stack.enter_context(Mounts())
-        ctx.cap = tier.ReadCap(ctx.dev, args.iops, args.bps)
+        ctx.cap = capped.ReadCap(ctx.dev, args.iops, args.bps)
         rounds = until_interrupted(args.rounds, lambda r: one_round(ctx, r))
         if rounds:
             report(rounds)
