@@ -54,6 +54,7 @@ from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, shard_files
 from benchlib.machine import Others, proc_status
 from benchlib.mounts import Mounts
+from benchlib.rounds import until_interrupted
 from benchlib.tables import cell, median
 
 from shardfs.storage.memory import parse_size
@@ -403,15 +404,7 @@ def main() -> int:
         ctx.mounts.unmount(ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", "index"),
                                               log=os.path.join(ctx.work, "index.log")))  # indexes, uncapped
         ctx.cap = ReadCap(ctx.dev, args.iops, args.bps, "bench-peers")
-        rounds = []
-        try:
-            for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
-                rounds.append(one_round(ctx, r))
-        except KeyboardInterrupt:
-            print("interrupted: reporting the rounds measured", file=sys.stderr)
-        except Exception as exc:  # noqa: BLE001 - a failed round must not take the finished ones with it
-            print(f"round {len(rounds) + 1} failed: {exc!r}; reporting the rounds measured", file=sys.stderr)
+        rounds = until_interrupted(args.rounds, lambda r: one_round(ctx, r))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -60,6 +61,7 @@ from benchlib.cli import shardfs
 from benchlib.machine import Others, proc_status
 from benchlib.mounts import Mounts
 from benchlib.readers import read_all, timed_listing
+from benchlib.rounds import until_interrupted
 from benchlib.tables import cell, median
 
 from shardfs.storage import buffers
@@ -80,7 +82,7 @@ def index_bytes(shared: str) -> int:
 
 
 def epoch(root: str, readers: int, seed: int | None, expect: int, daemon: int | None = None,
-          reading=lambda: None) -> dict:
+          reading=lambda: None, done=None) -> dict:
     """drop_caches, ImageFolder's listing, every file once with open().read(), in a random order
     (``seed``) or ImageFolder's (None); the `daemon` pid's CPU seconds and the share of the CPU
     that processes not ours took (noise). ``reading()`` is called as the reads begin."""
@@ -88,7 +90,7 @@ def epoch(root: str, readers: int, seed: int | None, expect: int, daemon: int | 
     others, cpu0 = Others(daemon), proc_status(daemon).get("cpu_s", 0.0) if daemon else None
     paths, list_s = timed_listing(root)
     reading()
-    got = read_all(paths, readers, "open", seed)
+    got = read_all(paths, readers, "open", seed, done=done)
     if got["files"] != expect or got["errors"]:
         raise RuntimeError(f"{root}: read {got['files']} of {expect} files, {got['errors']} errors "
                            f"({got['first_error']})")
@@ -224,10 +226,12 @@ def sweep_sets(ctx) -> dict[int, str]:
 
 class StoragePass:
     """When the storage has served ``nbytes`` since now (a thread watching the cap's byte count):
-    how long the epoch kept the storage busy, whatever the readers then still had to read."""
+    how long the epoch kept the storage busy, whatever the readers then still had to read, and
+    how many files they had read by then (``done``, the readers' shared count)."""
 
-    def __init__(self, cap: ReadCap, nbytes: int):
+    def __init__(self, cap: ReadCap, nbytes: int, done):
         self.cap, self.goal, self.secs = cap, cap.reads()[1] + nbytes, None
+        self.done_count, self.files_then = done, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -239,6 +243,7 @@ class StoragePass:
         while not self._stop.wait(0.01):
             if self.cap.reads()[1] >= self.goal:
                 self.secs = time.perf_counter() - self.t0
+                self.files_then = self.done_count.value
                 return
 
     def done(self) -> float | None:
@@ -258,41 +263,37 @@ def sweep_cell(ctx, shards_dir: str, data: int, budget_div: int, seed: int | Non
                            "--disk-cache-size", f"{2 * data >> 20}M", log=os.path.join(ctx.work, "sweep.log"))
     try:
         dev0, (req0, _) = device_read_bytes(ctx.dev), ctx.cap.reads()
-        watch = StoragePass(ctx.cap, data)
-        got = epoch(os.path.join(m.mnt, "train"), a.readers, seed, files, m.pid, reading=watch.start)
+        done = mp.Value("l", 0)
+        watch = StoragePass(ctx.cap, data, done)
+        got = epoch(os.path.join(m.mnt, "train"), a.readers, seed, files, m.pid, reading=watch.start, done=done)
         got["storage_s"] = watch.done()
+        got["read_by_then"] = watch.files_then / files if watch.files_then is not None else None
         got["storage"], got["requests"] = device_read_bytes(ctx.dev) - dev0, ctx.cap.reads()[0] - req0
     finally:
         ctx.mounts.unmount(m)
     return got
 
 
-def sweep(ctx, sets: dict[int, str]) -> list[dict]:
-    a = ctx.args
-    rounds = []
-    try:
-        for r in range(a.rounds):
-            print(f"round {r + 1}/{a.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
-            cells = {}
-            for n, where in sets.items():
-                shards = sorted(os.path.join(where, f) for f in os.listdir(where) if f.endswith(".tar"))
-                data = sum(os.path.getsize(s) for s in shards)
-                seq = sequential_bound(shards, ctx.marker["files"], ctx.cap)
-                for div in a.sweep_budgets:
-                    got = sweep_cell(ctx, where, data, div, 1000 * r if a.order == "random" else None)
-                    cells[n, div] = {"ratio": got["fps"] / seq["fps"], "storage": got["storage"] / data,
-                                     "pass_ratio": seq["secs"] / got["storage_s"] if got["storage_s"] else None,
-                                     "requests": got["requests"], "fps": got["fps"], "seq_fps": seq["fps"],
-                                     "shards": len(shards), "data": data, "others_cpu": got["others_cpu"]}
-                    print(f"  {len(shards)} shards of {data / len(shards) / 1e6:.1f} MB, budget 1/{div}: "
-                          f"{got['fps']:.0f} files/s = {cells[n, div]['ratio']:.2f}x the bound "
-                          f"({seq['fps']:.0f} files/s); the storage's pass {got['storage_s'] or 0:.2f} s = "
-                          f"{cells[n, div]['pass_ratio'] or 0:.2f}x the bound, {cells[n, div]['storage']:.3f}x "
-                          f"the shards in {got['requests']} requests", flush=True)
-            rounds.append(cells)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the rounds measured", file=sys.stderr)
-    return rounds
+def sweep_round(ctx, sets: dict[int, str], r: int) -> dict:
+    a, cells = ctx.args, {}
+    for n, where in sets.items():
+        shards = sorted(os.path.join(where, f) for f in os.listdir(where) if f.endswith(".tar"))
+        data = sum(os.path.getsize(s) for s in shards)
+        seq = sequential_bound(shards, ctx.marker["files"], ctx.cap)
+        for div in a.sweep_budgets:
+            got = sweep_cell(ctx, where, data, div, 1000 * r if a.order == "random" else None)
+            cells[n, div] = {"ratio": got["fps"] / seq["fps"], "storage": got["storage"] / data,
+                             "pass_ratio": seq["secs"] / got["storage_s"] if got["storage_s"] else None,
+                             "read_by_then": got["read_by_then"],
+                             "requests": got["requests"], "fps": got["fps"], "seq_fps": seq["fps"],
+                             "shards": len(shards), "data": data, "others_cpu": got["others_cpu"]}
+            print(f"  {len(shards)} shards of {data / len(shards) / 1e6:.1f} MB, budget 1/{div}: "
+                  f"{got['fps']:.0f} files/s = {cells[n, div]['ratio']:.2f}x the bound "
+                  f"({seq['fps']:.0f} files/s); the storage's pass {got['storage_s'] or 0:.2f} s = "
+                  f"{cells[n, div]['pass_ratio'] or 0:.2f}x the bound, {cells[n, div]['storage']:.3f}x "
+                  f"the shards in {got['requests']} requests; files read by then "
+                  f"{got['read_by_then'] or 0:.2f}", flush=True)
+    return cells
 
 
 def sweep_report(ctx, rounds: list[dict]) -> None:
@@ -304,8 +305,10 @@ def sweep_report(ctx, rounds: list[dict]) -> None:
     keys = sorted(rounds[0])
     divs = sorted({d for _, d in keys}, reverse=True)
     worst = {}
-    for what, key in (("epoch 1", "ratio"), ("the storage's pass (shards served, readers not done)", "pass_ratio")):
-        print(f"{what}, x the bound")
+    for what, key in (("epoch 1, x the bound", "ratio"),
+                      ("the storage's pass (shards served, readers not done), x the bound", "pass_ratio"),
+                      ("files the readers had read when the storage's pass ended, share", "read_by_then")):
+        print(what)
         print(f"{'shards':<28}" + "".join(f"{'budget 1/' + str(d):>22}" for d in divs))
         ratios = []
         for n in sorted({n for n, _ in keys}):
@@ -317,7 +320,7 @@ def sweep_report(ctx, rounds: list[dict]) -> None:
                 ratios.append(median(values))
                 row.append(spread(values, "{:.2f}"))
             print(f"{label:<28}" + "".join(f"{c:>22}" for c in row))
-        worst[key] = min(r for r in ratios if r is not None)
+        worst[key] = min((r for r in ratios if r is not None), default=0.0)
     worst_storage = max(c["storage"] for r in rounds for c in r.values())
     busy = [c["others_cpu"] for r in rounds for c in r.values() if c["others_cpu"] is not None]
     print(f"shared storage read, x the shards: at most {worst_storage:.3f}; others' CPU share during the "
@@ -487,17 +490,11 @@ def main() -> int:
         sets = sweep_sets(ctx) if args.sweep else None  # packed and indexed uncapped: not measured
         ctx.cap = ReadCap(ctx.dev, args.iops, args.bps, "bench-tier")
         if args.sweep:
-            rounds = sweep(ctx, sets)
+            rounds = until_interrupted(args.rounds, lambda r: sweep_round(ctx, sets, r))
             if rounds:
                 sweep_report(ctx, rounds)
             return 0 if rounds else 1
-        rounds = []
-        try:
-            for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
-                rounds.append(one_round(ctx, r))
-        except KeyboardInterrupt:
-            print("interrupted: reporting the rounds measured", file=sys.stderr)
+        rounds = until_interrupted(args.rounds, lambda r: one_round(ctx, r))
         if rounds:
             report(ctx, rounds)
         if args.json:

@@ -25,7 +25,7 @@ from shardfs.storage.memory import default_budget, share_budget
 from shardfs.storage.disk import DiskTier
 from shardfs.storage.pressure import PressureWatcher
 from shardfs.storage.placement import filesystem_type, is_local_disk
-from shardfs.storage.priority import Priority
+from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
@@ -79,7 +79,7 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
-def _disk_tier(opts: MountConfig, loaders: int, publisher, keep_first, priority: Priority) -> DiskTier | None:
+def _disk_tier(opts: MountConfig, loaders: int, publisher, keep_first, readers_first: ReadersFirst) -> DiskTier | None:
     """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
     where = opts.disk_cache
     if where is None and os.environ.get("CACHE_DIRECTORY"):
@@ -87,7 +87,7 @@ def _disk_tier(opts: MountConfig, loaders: int, publisher, keep_first, priority:
     if not where or where == "off":
         return None
     try:
-        tier = DiskTier(where, opts.disk_cache_size, loaders, publisher, keep_first, priority)
+        tier = DiskTier(where, opts.disk_cache_size, loaders, publisher, keep_first, readers_first)
     except OSError as exc:  # a mount without its tier still serves every byte
         log.warning("disk tier %s: %s; not used", where, exc.strerror or exc)
         return None
@@ -160,10 +160,10 @@ class Daemon:
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
         slots = Slots()
         owns = self.peers.owns if self.peers else None
-        priority = Priority(loaders)  # readers' storage reads before the cache's loads and the tier's fills
-        self.disk = _disk_tier(opts, loaders, slots, owns, priority)
+        readers_first = ReadersFirst(loaders)  # readers' storage reads before the cache's loads and the tier's fills
+        self.disk = _disk_tier(opts, loaders, slots, owns, readers_first)
         self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=slots,
-                                keep_first=owns, priority=priority)
+                                keep_first=owns, readers_first=readers_first)
         if self.peers:
             self.peers.ready(self.cache.fetch, self.cache.loaded)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",

@@ -27,7 +27,7 @@ from typing import Protocol
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.buffers import BufferPool
 from shardfs.storage.memory import parse_size
-from shardfs.storage.priority import Priority
+from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.threads import DaemonPool
 from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, fits, identity, logical_size,
                                       prepare_dir, remove_if_unused)
@@ -77,13 +77,13 @@ class Entry:
 
 class DiskTier:
     def __init__(self, directory: str, size: str | None = None, loaders: int = 2, publisher: Publisher | None = None,
-                 keep_first=None, priority: Priority | None = None):
+                 keep_first=None, readers_first: ReadersFirst | None = None):
         """``keep_first(shard)``: shards this node owns among its peers; only those may evict
-        others, the rest are kept while room allows (their owners serve them). ``priority``: shared
+        others, the rest are kept while room allows (their owners serve them). ``readers_first``: shared
         with the RAM cache, whose readers' reads go before our fills."""
         self.dir = os.path.abspath(directory)  # libfuse moves the daemon to / once mounted
         self.publisher, self.keep_first = publisher, keep_first
-        self.priority = priority or Priority(loaders)
+        self.readers_first = readers_first or ReadersFirst(loaders)
         prepare_dir(self.dir)
         self.bound = bound_of(directory, size or DEFAULT_SIZE)
         self.held = sum(logical_size(e) for e in cache_files(directory))
@@ -311,7 +311,7 @@ class DiskTier:
         """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
         cursor = 0
         while not (self._closed or self.disabled or shard.broken):
-            with self.priority.background(FILL_RUN) as run:
+            with self.readers_first.background(FILL_RUN) as run:
                 with entry.cond:
                     first = entry.state.find(MISSING, cursor)
                     if first < 0:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from shardfs.errors import ShardfsError
 from shardfs.storage import buffers, deadline
 from shardfs.storage.base import Shard, ShardIOError
-from shardfs.storage.priority import Priority
+from shardfs.storage.readers_first import ReadersFirst
 
 if TYPE_CHECKING:
     from shardfs.storage.disk import DiskTier
@@ -84,10 +84,10 @@ class Resident:
     def __init__(self, shard: Shard):
         self.shard = shard
         self.size = shard.size
-        self.footprint = buffers.footprint(self.size)  # what it costs of the budget
         # Whole pages, so that O_DIRECT reads of the last chunk fit (see Shard.read_at); huge ones
         # where the kernel gives them, so that those reads reach storage as large requests.
         self.buf = buffers.anonymous(self.size)
+        self.footprint = len(self.buf)  # what it costs of the budget
         nchunks = (self.size + CHUNK - 1) // CHUNK
         self.state = bytearray(nchunks)
         self.missing = nchunks
@@ -150,17 +150,17 @@ class LoadQueue:
 class ShardCache:
     def __init__(self, shards: list[Shard], budget: int, prefetch: str = "touched", loaders: int = 2,
                  idle_evict: float = 300.0, disk: DiskTier | None = None, publisher: Publisher | None = None,
-                 keep_first: Callable[[Shard], bool] | None = None, priority: Priority | None = None):
+                 keep_first: Callable[[Shard], bool] | None = None, readers_first: ReadersFirst | None = None):
         """``shards`` are streamed in at once when ``prefetch`` is "all". With ``disk``, storage is
         read through the disk tier, whose figures of storage reads replace ours. ``publisher``
         is told of every resident buffer (see Publisher). ``keep_first(shard)``: shards this node
-        owns among its peers; they may evict others (see _make_room). ``priority``: shared with
+        owns among its peers; they may evict others (see _make_room). ``readers_first``: shared with
         the disk tier's fills, so that readers' reads go before both."""
         if prefetch not in PREFETCH_POLICIES:
             raise ValueError(f"unknown prefetch policy {prefetch!r} ({', '.join(PREFETCH_POLICIES)})")
         self.budget, self.prefetch, self.idle_evict, self.disk = budget, prefetch, idle_evict, disk
         self.publisher, self.keep_first = publisher, keep_first
-        self.priority = priority or Priority(loaders)
+        self.readers_first = readers_first or ReadersFirst(loaders)
         self.resident: dict[Shard, Resident] = {}
         self.refused: dict[Shard, int] = {}  # shard -> eviction count when it was last refused
         self.reserved = 0
@@ -223,7 +223,7 @@ class ShardCache:
         for chunk in range(first, last + 1):
             if res.state[chunk] != LOADED:
                 waited = True
-                with self.priority.demand():
+                with self.readers_first.demand():
                     self._ensure_chunk(res, chunk)
         return waited
 
@@ -282,7 +282,7 @@ class ShardCache:
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
         began = time.perf_counter_ns()
-        with self.priority.demand():
+        with self.readers_first.demand():
             data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
         shard.forget(offset, length)
         self._count("direct_reads")
@@ -380,7 +380,7 @@ class ShardCache:
             if res is None:
                 return  # no room: prefetch stops at the budget
         while not res.complete and not res.failed and not self._closed and self.resident.get(shard) is res:
-            with self.priority.background(LOAD_RUN) as run:
+            with self.readers_first.background(LOAD_RUN) as run:
                 if not self._load_run(res, run):
                     return
         if res.complete:

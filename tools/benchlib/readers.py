@@ -58,7 +58,7 @@ def _read_bytes() -> int:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("read_bytes:"))
 
 
-def _reader(i: int, paths: list[str], how: str, barrier, results, budget_s: float | None) -> None:
+def _reader(i: int, paths: list[str], how: str, barrier, results, budget_s: float | None, done) -> None:
     read = HOW[how]
     buf = memoryview(bytearray(1 << 20))
     files = nbytes = errors = 0
@@ -72,6 +72,9 @@ def _reader(i: int, paths: list[str], how: str, barrier, results, budget_s: floa
         try:
             nbytes += read(p, buf)
             files += 1
+            if done is not None:
+                with done.get_lock():
+                    done.value += 1
         except OSError as exc:
             errors += 1
             first_error = first_error or f"{p}: {exc}"
@@ -79,9 +82,12 @@ def _reader(i: int, paths: list[str], how: str, barrier, results, budget_s: floa
 
 
 def read_all(paths: list[str], readers: int, how: str = "open", seed: int | None = None,
-             budget_s: float | None = None) -> dict:
+             budget_s: float | None = None, done=None) -> dict:
     """Every file of ``paths`` read once (in a random order when ``seed`` is given), split among
     ``readers`` forked processes that start together; files/s and MB/s over the wall time.
+
+    ``done``: a ``multiprocessing.Value`` counting the files read so far, for whoever watches
+    the pass while it runs.
 
     ``budget_s``: each reader stops after that many seconds; then ``budget_hit`` is True and
     ``read`` lists the files that were read (the figures are over those)."""
@@ -90,7 +96,7 @@ def read_all(paths: list[str], readers: int, how: str = "open", seed: int | None
         random.Random(seed).shuffle(paths)
     ctx = mp.get_context("fork")  # the path list is inherited, not pickled (1M paths)
     barrier, results = ctx.Barrier(readers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(i, paths[i::readers], how, barrier, results, budget_s))
+    procs = [ctx.Process(target=_reader, args=(i, paths[i::readers], how, barrier, results, budget_s, done))
              for i in range(readers)]
     for p in procs:
         p.start()

@@ -181,8 +181,9 @@ def run_rounds(methods: dict[str, Method], rounds: int, round_fn, retries: int, 
 
 
 def until_interrupted(count: int, round_fn) -> list:
-    """``round_fn(r)`` for each of ``count`` rounds, a line before each; a Ctrl-C or SIGTERM ends
-    them early and the rounds measured so far are returned (for a report of what there is)."""
+    """``round_fn(r)`` for each of ``count`` rounds, a line before each; a Ctrl-C or SIGTERM, or a
+    round that fails, ends them early and the rounds measured so far are returned (for a report of
+    what there is)."""
     rounds = []
     try:
         for r in range(count):
@@ -190,6 +191,8 @@ def until_interrupted(count: int, round_fn) -> list:
             rounds.append(round_fn(r))
     except KeyboardInterrupt:
         print("interrupted: reporting the rounds measured", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a failed round must not take the finished ones with it
+        print(f"round {len(rounds) + 1} failed: {exc!r}; reporting the rounds measured", file=sys.stderr)
     return rounds
 
 

@@ -3,11 +3,11 @@
 Storage serves requests in about the order they come, within what it allows per interval (a
 blkio cap gives a budget per 100 ms slice; a busy server, a queue). A reader's read of the chunk it
 waits for (a demand read) then waits behind every background request sent before it: with the
-background keeping storage saturated, each one waits most of a slice. In a first epoch in a
-random order nearly every file starts so, and the readers read most files only after storage
-has served the whole pass (tools/bench_tier.py --sweep: 197 of 2000 files read when the last
-shard byte arrived). Without any background, the readers' 1 MiB reads alone made the pass 20%
-slower (more, smaller requests).
+background keeping storage saturated, each one waits most of a slice, and in a random-order first
+epoch the readers read most files only after storage has served the whole pass
+(``tools/bench_tier.py --sweep`` reports the share read by then). Leaving the pass to the
+readers' own reads alone was tried by hand: the readers kept up, but the pass itself slowed by
+about a fifth (more, smaller requests).
 
 So while readers wait, the background gets one request of at most ``SHORT_RUN`` chunks per demand
 read that ended (and never two at once): demand and background take turns at the storage, which
@@ -25,7 +25,7 @@ SHORT_RUN = 4  # chunks per background request while readers wait
 QUIET_S = 0.1  # readers waited this long ago or less: they are still reading what is not loaded
 
 
-class Priority:
+class ReadersFirst:
     def __init__(self, background: int):
         self.limit = max(1, background)
         self._cv = threading.Condition()

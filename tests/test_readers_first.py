@@ -1,13 +1,13 @@
-"""storage.priority: readers' storage reads before background loads, and the background's turns."""
+"""storage.readers_first: readers' storage reads before background loads, and the background's turns."""
 
 import threading
 
-from shardfs.storage.priority import QUIET_S, SHORT_RUN, Priority
+from shardfs.storage.readers_first import QUIET_S, SHORT_RUN, ReadersFirst
 
 FULL = 8
 
 
-def _background_in_thread(priority: Priority, run: int = FULL):
+def _background_in_thread(priority: ReadersFirst, run: int = FULL):
     """A thread that takes a background turn and holds it until ``release`` is set."""
     entered, release, got = threading.Event(), threading.Event(), []
 
@@ -23,7 +23,7 @@ def _background_in_thread(priority: Priority, run: int = FULL):
 
 
 def test_without_readers_the_background_runs_full_runs_side_by_side():
-    priority = Priority(background=2)
+    priority = ReadersFirst(background=2)
     a = _background_in_thread(priority)
     b = _background_in_thread(priority)
     c = _background_in_thread(priority)
@@ -40,7 +40,7 @@ def test_without_readers_the_background_runs_full_runs_side_by_side():
 
 
 def test_a_reader_waiting_holds_the_background_back_until_its_read_ends():
-    priority = Priority(background=2)
+    priority = ReadersFirst(background=2)
     with priority.demand():
         t, entered, release, got = _background_in_thread(priority)
         assert not entered.wait(0.3)  # no turn while the reader's read is under way
@@ -53,7 +53,7 @@ def test_a_reader_waiting_holds_the_background_back_until_its_read_ends():
 
 
 def test_one_background_request_per_demand_read_while_readers_wait_then_full_runs_when_quiet():
-    priority = Priority(background=2)
+    priority = ReadersFirst(background=2)
     with priority.demand():
         pass  # one demand read ended: one short turn owed
     first = _background_in_thread(priority)
