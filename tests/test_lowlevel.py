@@ -2,13 +2,17 @@
 requests it counts, and its table against the tree it is built from."""
 
 import hashlib
+import io
 import os
+import random
+import tarfile
 import time
 
 import pytest
 
 from conftest import drop_page_cache, needs_fuse
 from shardfs.fuse import _lowlevel, table
+from shardfs.storage import tierfile
 from shardfs.view import dataset
 from shardfs.view.tree import inode_number
 from tarcraft import archive, member
@@ -133,6 +137,51 @@ def test_refused_shards_are_read_from_the_disk_tier_in_c(tar_shards, sample_tree
     assert stats["reads_in_c_from_disk"] >= len(files)
     assert stats["disk"]["hits"] >= len(files)
 
+
+
+def test_tier_bytes_still_in_the_page_cache_are_copied_from_it_then_dropped(tmp_path, mount):
+    """The first epoch: the disk tier wrote the bytes moments ago and the kernel still holds them,
+    where an O_DIRECT read would wait for the disk: they are copied from the page cache. Once the
+    kernel has let them go (a later epoch), O_DIRECT serves the same bytes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng, want = random.Random(7), {}
+    with tarfile.open(src / "a.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(12):
+            data = rng.randbytes(200_000 + i * 4099)
+            info = tarfile.TarInfo(f"d/{i:02d}.bin")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            want[f"d/{i:02d}.bin"] = hashlib.sha256(data).hexdigest()
+    tier = tmp_path / "tier"
+    m = mount(src, options=("--disk-cache", str(tier), "--cache-size", "1"))  # RAM refuses the shard
+    files = {name: os.path.join(m.path, name) for name in want}
+    with open(files["d/00.bin"], "rb") as f:  # the first read admits the shard to the tier and fills it
+        f.read(1)
+    deadline = time.monotonic() + 60
+    while m.stats()["disk"]["bytes_written"] < (src / "a.tar").stat().st_size:
+        assert time.monotonic() < deadline, m.stats()["disk"]
+        time.sleep(0.1)
+    with open(tier / tierfile.file_name(str(src / "a.tar")), "rb") as f:  # all of it cached, as after a fill
+        while f.read(1 << 20):
+            pass
+    before = m.stats()
+    for p in files.values():
+        drop_page_cache(p)
+    assert {name: _sha(p) for name, p in files.items()} == want
+    after = m.stats()
+    assert after["disk_tier_page_cache_reads"] - before["disk_tier_page_cache_reads"] >= len(files)
+
+    if os.geteuid() != 0:
+        pytest.skip("emptying the page cache (a later epoch) needs root")
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
+    assert {name: _sha(p) for name, p in files.items()} == want
+    last = m.stats()
+    assert last["disk_tier_page_cache_reads"] == after["disk_tier_page_cache_reads"]
+    served = last["reads_in_c_from_disk"] + last["pushed_with_open"]
+    assert served - after["reads_in_c_from_disk"] - after["pushed_with_open"] >= len(files)
 
 def _loaded(m, shards) -> None:
     """Waits until every shard is in the RAM cache (--prefetch all)."""

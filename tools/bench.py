@@ -35,7 +35,6 @@ Run as root (drop_caches and the kernel squashfs mount need it):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -43,7 +42,6 @@ import time
 
 import bench_dataset
 from benchlib import chart, machine, tables
-from benchlib.cli import REPO, run
 from benchlib.methods import Data, make_methods
 from benchlib.mounts import Mounts
 from benchlib.rounds import first_mounts, listing_pass, one_round, read_pass, rounds_used, run_rounds
@@ -121,19 +119,6 @@ def warm_up_decoder(root: str, workers: int) -> None:
 PASSES = [("list_fresh", listing_pass), ("list_warm", listing_pass), ("cold", read_pass("open", 0)),
           ("warm", read_pass("open", 100)), ("warm_os", read_pass("os", 200)), ("decode", decode_pass),
           ("dropped", read_pass("open", 300, drop_first=True))]
-
-
-def code_state() -> dict:
-    """Which shardfs code the mounts run: commit, uncommitted files, a digest of shardfs/ now."""
-    h = hashlib.sha256()
-    for d, _dirs, names in sorted(os.walk(os.path.join(REPO, "shardfs"))):
-        for n in sorted(names):
-            if n.endswith(".py"):
-                with open(os.path.join(d, n), "rb") as f:
-                    h.update(n.encode() + f.read())
-    dirty = run(["git", "-C", REPO, "status", "--porcelain", "--", "shardfs"]).stdout.split("\n")
-    return {"commit": run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]).stdout.strip() or "?",
-            "uncommitted": [ln[3:] for ln in dirty if ln.strip()], "digest": h.hexdigest()[:12]}
 
 
 def storage(rnd: dict, key: str, fuse: bool) -> float | None:
@@ -261,7 +246,7 @@ def setup(args) -> dict:
     work = os.path.abspath(args.workdir)
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     ctx = {"work": work, "command": "python3 " + " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-           "facts": machine.facts(work), "code": code_state(),
+           "facts": machine.facts(work), "code": machine.code_state(),
            "chart": args.chart or (os.path.splitext(args.json)[0] + ".png" if args.json
                                    else os.path.join(work, "bench.png")),
            "tuning": "machine as it comes"}
@@ -299,7 +284,7 @@ def main() -> int:
                                                    m["src"]["files"]),
                          args.retries, args.max_background)
     print(f"\nrounds done in {(time.perf_counter() - started) / 60:.1f} min")
-    if code_state()["digest"] != ctx["code"]["digest"]:
+    if machine.code_state()["digest"] != ctx["code"]["digest"]:
         print("WARNING: shardfs/ changed during the run: later mounts ran newer code than earlier ones")
     out = report(args, ctx, methods, res, first)
     if args.json:

@@ -175,11 +175,13 @@ def one_round(ctx, r: int) -> dict:
     out["shardfs"], out["shardfs_storage"] = [], []
     for s in seeds:
         before, req0 = device_read_bytes(ctx.dev), ctx.cap.reads()[0]
-        watch = StoragePass(ctx.cap, ctx.shard_bytes) if not out["shardfs"] else None
+        done = mp.Value("l", 0)
+        watch = StoragePass(ctx.cap, ctx.shard_bytes, done) if not out["shardfs"] else None
         out["shardfs"].append(epoch(os.path.join(m.mnt, "train"), a.readers, s, files, m.pid,
-                                    reading=watch.start if watch else lambda: None))
+                                    reading=watch.start if watch else lambda: None, done=done))
         if watch:
             out["storage_pass_s"] = watch.done()
+            out["read_by_then"] = watch.files_then / files if watch.files_then is not None else None
         out["shardfs_storage"].append(device_read_bytes(ctx.dev) - before)
         out["shardfs"][-1]["requests"] = ctx.cap.reads()[0] - req0
     out["storage_total"] = device_read_bytes(ctx.dev) - dev0  # the mount's index loads included
@@ -368,6 +370,8 @@ def report(ctx, rounds: list[dict]) -> None:
         ("others' CPU share %, max over epochs", "  ".join(
             f"{k} {spread((100 * max((e['others_cpu'] or 0) for e in r[k]) for r in rounds))}"
             for k in ("shardfs", "plain", "staged"))),
+        ("files read when epoch 1's storage pass ended, share",
+         spread((r["read_by_then"] for r in rounds if r.get("read_by_then") is not None), "{:.2f}")),
         ("storage requests, epoch 1 / sequential bound", "{} / {}".format(
             spread(r["shardfs"][0]["requests"] for r in rounds), spread(r["seq"]["requests"] for r in rounds))),
         ("  mean request KiB, epoch 1 / bound", "{} / {}".format(

@@ -308,7 +308,9 @@ class DiskTier:
             self._done(entry)
 
     def _fill_missing(self, shard: Shard, entry: Entry) -> None:
-        """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
+        """Every missing chunk, in file order, FILL_RUN per request (a loader thread). The pages
+        written stay with the kernel: this epoch's readers copy them from the page cache (the
+        compiled loop tries that before O_DIRECT); written back, they are reclaimable memory."""
         cursor = 0
         while not (self._closed or self.disabled or shard.broken):
             with self.readers_first.background(FILL_RUN) as run:
@@ -325,7 +327,6 @@ class DiskTier:
                     self._fetch_chunks(shard, entry, first, count)
                 except ShardIOError:
                     continue  # left to the readers that need it
-            entry.file.forget(first * CHUNK, count * CHUNK)  # for later epochs, not for now
 
     # ---- admission and eviction ---------------------------------------------------------------
 

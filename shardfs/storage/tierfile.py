@@ -102,8 +102,11 @@ class TierFile:
         self.nchunks = -(-self.size // CHUNK)
         self.data_at = -(-(HEADER + self.nchunks * RECORD.size) // PAGE) * PAGE
         # We read whole checksum blocks or whole chunks: kernel readahead would only read more.
+        # Each byte is read back about once (then the mounted file's pages hold it): NOREUSE keeps
+        # that read from marking the tier's pages as in use (a hint; older kernels ignore it).
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NOREUSE)
 
     @classmethod
     def open_or_create(cls, directory: str, ident: dict) -> TierFile | None:
@@ -198,8 +201,8 @@ class TierFile:
         os.pwrite(self.fd, RECORD.pack(RECORD_MAGIC, *crcs), HEADER + chunk * RECORD.size)
 
     def forget(self, offset: int, length: int) -> None:
-        """Bytes of the shard held elsewhere now (RAM) or only for later: drop the kernel's copy
-        (dirty pages are written back first)."""
+        """Bytes of the shard held elsewhere now (RAM): drop the kernel's copy. A hint: dirty
+        pages are only sent to disk, and a folio reaching outside the range stays."""
         with contextlib.suppress(OSError):
             os.posix_fadvise(self.fd, self.data_at + offset, length, os.POSIX_FADV_DONTNEED)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import mmap
 import os
 import platform
@@ -183,8 +184,23 @@ def print_header(work: str) -> None:
     """A run's first lines: its command, the machine and the commit of the code measured."""
     import sys
 
-    from .cli import REPO
-
     print(f"command: python3 {' '.join(sys.argv)}")
     print(f"machine: {describe(facts(work))}, load {os.getloadavg()[0]:.1f}")
-    print(f"shardfs code: commit {run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD']).stdout.strip()}")
+    code = code_state()
+    changed = f" with uncommitted changes to {', '.join(code['uncommitted'])}" if code["uncommitted"] else ""
+    print(f"shardfs code: commit {code['commit']}{changed}")
+
+
+def code_state() -> dict:
+    """Which shardfs code the mounts run: commit, uncommitted files, a digest of shardfs/ now."""
+    from .cli import REPO
+
+    h = hashlib.sha256()
+    for d, _dirs, names in sorted(os.walk(os.path.join(REPO, "shardfs"))):
+        for n in sorted(names):
+            if n.endswith((".py", ".c", ".h")):
+                with open(os.path.join(d, n), "rb") as f:
+                    h.update(n.encode() + f.read())
+    dirty = run(["git", "-C", REPO, "status", "--porcelain", "--", "shardfs"]).stdout.split("\n")
+    return {"commit": run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]).stdout.strip() or "?",
+            "uncommitted": [ln[3:] for ln in dirty if ln.strip()], "digest": h.hexdigest()[:12]}

@@ -51,6 +51,7 @@ typedef struct {
     int records_fd; /* the chunk records (small unaligned reads: never O_DIRECT) */
     _Atomic int direct;
     _Atomic int no_o_direct; /* the filesystem took the O_DIRECT open but refuses its reads */
+    _Atomic int no_nowait;   /* the kernel has no preadv2 with RWF_NOWAIT for this file */
     const uint8_t *fstate; /* chunk states of the disk tier */
     Py_buffer fstatebuf;
     int fpublished;
@@ -114,6 +115,7 @@ typedef struct {
     Counter counts[OP_COUNT];
     Counter fast_bytes; /* bytes of reads answered here (Python counts the others) */
     Counter ram_reads, disk_reads; /* reads answered here from the RAM cache, from the disk tier */
+    Counter disk_cached_reads;     /* of disk_reads, those copied from the tier file's page cache */
     Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
     int push;
 } Session;
@@ -130,7 +132,7 @@ extern PyMethodDef LIBFUSE_METHODS[];
 int zlib_bind(void);
 uint64_t now_ns(void);
 const char *slot_pin(Slot *s, int64_t off, size_t len);
-char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t *room);
+char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t *room, int *cached);
 void file_buffer_done(char *p, size_t need);
 /* table.c */
 void node_path(const Table *t, uint32_t n, const char **p, size_t *len);

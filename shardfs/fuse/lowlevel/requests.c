@@ -348,6 +348,7 @@ typedef struct {
     Slot *slot;
     char *blocks; /* the disk tier's buffer, NULL for RAM */
     size_t room;
+    int cached; /* the disk tier's bytes came from its page cache */
 } Fast;
 
 static const char *fast_bytes(const Table *t, uint32_t m, int64_t off, size_t len, Fast *f) {
@@ -355,13 +356,14 @@ static const char *fast_bytes(const Table *t, uint32_t m, int64_t off, size_t le
     Slot *slot = f->slot = t->slots[shard];
     f->blocks = NULL;
     f->room = 0;
+    f->cached = 0;
     /* offset -1: not one byte range of the shard (a sparse file, table.py): Python assembles it. */
     if (!len || !t->shard_raw[shard] || !slot || t->offset[m] < 0)
         return NULL;
     const char *bytes = slot_pin(slot, t->offset[m] + off, len);
     if (bytes || !atomic_load(&slot->direct))
         return bytes;
-    f->blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes, &f->room);
+    f->blocks = slot_read_file(slot, t->offset[m] + off, len, &bytes, &f->room, &f->cached);
     return f->blocks ? bytes : NULL;
 }
 
@@ -380,6 +382,8 @@ static void fast_count(Session *s, const Fast *f, size_t len, Counter *served) {
     if (f->blocks) {
         atomic_fetch_add_explicit(&slot->disk_hits, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&slot->disk_bytes, len, memory_order_relaxed);
+        if (f->cached)
+            atomic_fetch_add_explicit(&s->disk_cached_reads.n, 1, memory_order_relaxed);
     } else {
         atomic_fetch_add_explicit(&slot->hits, 1, memory_order_relaxed);
     }

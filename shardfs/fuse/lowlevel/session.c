@@ -142,10 +142,11 @@ static PyObject *session_counts(Session *s, PyObject *unused) {
         }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{s:N,s:K,s:K,s:K,s:K,s:K}", "fuse_ops", ops, "bytes_served",
+    return Py_BuildValue("{s:N,s:K,s:K,s:K,s:K,s:K,s:K}", "fuse_ops", ops, "bytes_served",
                          (unsigned long long)atomic_load(&s->fast_bytes.n), "reads_in_c_from_ram",
                          (unsigned long long)atomic_load(&s->ram_reads.n), "reads_in_c_from_disk",
-                         (unsigned long long)atomic_load(&s->disk_reads.n), "pushed_with_open",
+                         (unsigned long long)atomic_load(&s->disk_reads.n), "disk_tier_page_cache_reads",
+                         (unsigned long long)atomic_load(&s->disk_cached_reads.n), "pushed_with_open",
                          (unsigned long long)atomic_load(&s->pushes.n), "push_failures",
                          (unsigned long long)atomic_load(&s->push_failures.n));
 }
