@@ -308,9 +308,7 @@ class DiskTier:
             self._done(entry)
 
     def _fill_missing(self, shard: Shard, entry: Entry) -> None:
-        """Every missing chunk, in file order, FILL_RUN per request (a loader thread). The pages
-        written stay with the kernel: this epoch's readers copy them from the page cache (the
-        compiled loop tries that before O_DIRECT); written back, they are reclaimable memory."""
+        """Every missing chunk, in file order, FILL_RUN per request (a loader thread)."""
         cursor = 0
         while not (self._closed or self.disabled or shard.broken):
             with self.readers_first.background(FILL_RUN) as run:
@@ -327,6 +325,10 @@ class DiskTier:
                     self._fetch_chunks(shard, entry, first, count)
                 except ShardIOError:
                     continue  # left to the readers that need it
+            # Their writing back starts now, not in the kernel's own time (up to 30 s later, in the
+            # middle of a later epoch's O_DIRECT reads). Being dirty, the pages stay: this epoch's
+            # readers copy them from the page cache (the compiled loop tries that first).
+            entry.file.forget(first * CHUNK, count * CHUNK)
 
     # ---- admission and eviction ---------------------------------------------------------------
 

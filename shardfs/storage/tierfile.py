@@ -102,11 +102,8 @@ class TierFile:
         self.nchunks = -(-self.size // CHUNK)
         self.data_at = -(-(HEADER + self.nchunks * RECORD.size) // PAGE) * PAGE
         # We read whole checksum blocks or whole chunks: kernel readahead would only read more.
-        # Each byte is read back about once (then the mounted file's pages hold it): NOREUSE keeps
-        # that read from marking the tier's pages as in use (a hint; older kernels ignore it).
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NOREUSE)
 
     @classmethod
     def open_or_create(cls, directory: str, ident: dict) -> TierFile | None:

@@ -51,7 +51,8 @@ typedef struct {
     int records_fd; /* the chunk records (small unaligned reads: never O_DIRECT) */
     _Atomic int direct;
     _Atomic int no_o_direct; /* the filesystem took the O_DIRECT open but refuses its reads */
-    _Atomic int no_nowait;   /* the kernel has no preadv2 with RWF_NOWAIT for this file */
+    const unsigned char *fmap; /* the file mapped, for mincore (which pages the kernel holds); or NULL */
+    size_t fmap_len;
     const uint8_t *fstate; /* chunk states of the disk tier */
     Py_buffer fstatebuf;
     int fpublished;

@@ -4,15 +4,6 @@
 #include "lowlevel.h"
 
 #include <fcntl.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-
-#if !defined(SYS_preadv2) && defined(__x86_64__)
-#define SYS_preadv2 327 /* headers older than Linux 4.6 */
-#endif
-#ifndef RWF_NOWAIT
-#define RWF_NOWAIT 0x00000008
-#endif
 
 /* zlib's crc32, bound at import from the libz.so.1 every system has (Python's zlib module uses
  * it): a wheel that links it would have to carry its own copy (manylinux does not list libz). */
@@ -60,6 +51,9 @@ static void slot_release_file(Slot *s) {
         return;
     atomic_store(&s->fd, -1);
     wait_unpinned(s);
+    if (s->fmap != NULL)
+        munmap((void *)s->fmap, s->fmap_len);
+    s->fmap = NULL;
     PyBuffer_Release(&s->fstatebuf);
     s->fpublished = 0;
 }
@@ -90,7 +84,9 @@ static PyObject *slot_publish_file(Slot *s, PyObject *args) {
     s->block = block;
     s->fchunk = chunk;
     atomic_store(&s->no_o_direct, 0);
-    atomic_store(&s->no_nowait, 0);
+    s->fmap_len = (size_t)(data_at + size);
+    void *map = mmap(NULL, s->fmap_len, PROT_READ, MAP_SHARED, records_fd, 0);
+    s->fmap = map == MAP_FAILED ? NULL : (const unsigned char *)map; /* without: always O_DIRECT */
     s->fpublished = 1;
     atomic_store(&s->fd, fd);
     Py_RETURN_NONE;
@@ -209,22 +205,24 @@ void file_buffer_done(char *p, size_t need) {
 }
 
 /* 1 if [at, at+len) of the disk-tier file was copied from the page cache. In the first epoch the
- * disk tier wrote these bytes moments ago and the kernel still holds them: an O_DIRECT read would
- * wait for the disk instead (~10x longer per member here). RWF_NOWAIT answers EAGAIN or short
- * rather than read from the disk; then the caller reads with O_DIRECT as before. A raw syscall:
- * glibc's preadv2 wrapper is newer than the oldest glibc the extension runs on. */
+ * disk tier wrote these bytes moments ago and the kernel still holds them, where an O_DIRECT read
+ * would wait for the disk (~10x longer per member here). mincore says whether every page is there
+ * without starting any I/O (a buffered read that misses would read the disk itself, and then
+ * the O_DIRECT read again). A page dropped between the two calls is read from disk, still right. */
+#define MAX_CACHED_PAGES 1024
 static int read_cached(Slot *s, char *buf, size_t len, int64_t at) {
-#ifdef SYS_preadv2
-    if (atomic_load_explicit(&s->no_nowait, memory_order_relaxed))
+    static int64_t page;
+    if (page == 0)
+        page = sysconf(_SC_PAGESIZE);
+    int64_t first = at / page * page, npages = (at + (int64_t)len - first + page - 1) / page;
+    unsigned char held[MAX_CACHED_PAGES];
+    if (s->fmap == NULL || npages > MAX_CACHED_PAGES ||
+        mincore((void *)(s->fmap + first), (size_t)(at + (int64_t)len - first), held) != 0)
         return 0;
-    struct iovec v = {.iov_base = buf, .iov_len = len};
-    long got = syscall(SYS_preadv2, s->records_fd, &v, 1, (long)at, 0L, RWF_NOWAIT);
-    if (got < 0 && (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL))
-        atomic_store(&s->no_nowait, 1);
-    return got == (long)len;
-#else
-    return 0;
-#endif
+    for (int64_t i = 0; i < npages; i++)
+        if (!(held[i] & 1))
+            return 0;
+    return pread(s->records_fd, buf, len, at) == (ssize_t)len;
 }
 
 char *slot_read_file(Slot *s, int64_t off, size_t len, const char **out, size_t *room, int *cached) {
