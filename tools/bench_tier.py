@@ -370,7 +370,7 @@ def report(ctx, rounds: list[dict]) -> None:
         ("others' CPU share %, max over epochs", "  ".join(
             f"{k} {spread((100 * max((e['others_cpu'] or 0) for e in r[k]) for r in rounds))}"
             for k in ("shardfs", "plain", "staged"))),
-        ("files read when epoch 1's storage pass ended, share",
+        ("epoch 1: files read when the storage was done",
          spread((r["read_by_then"] for r in rounds if r.get("read_by_then") is not None), "{:.2f}")),
         ("storage requests, epoch 1 / sequential bound", "{} / {}".format(
             spread(r["shardfs"][0]["requests"] for r in rounds), spread(r["seq"]["requests"] for r in rounds))),
@@ -386,7 +386,7 @@ def report(ctx, rounds: list[dict]) -> None:
         ("daemon peak RSS MB (VmHWM)", spread((r["rss_peak"] / 1e6 for r in rounds), "{:.0f}")),
     ]
     for name, value in rows:
-        print(f"{name:<40}{value}")
+        print(f"{name:<46}{value}")
     print(f"RAM budget {a.cache_size >> 20} MiB; indexes on disk {ctx.index_bytes / 1e6:.1f} MB; shards "
           f"{shard_bytes / 1e9:.3f} GB in {len(ctx.shards)} files; daemon in the capped cgroup: "
           f"{all(r['in_cgroup'] for r in rounds)}")
