@@ -14,12 +14,13 @@ Per format and round:
                   files (dd iflag=direct of them all: bytes/s / bytes per image = files/s)
   warm open()     the same pass again on that mount
   decode          torchvision ImageFolder + DataLoader (--workers, the transform below) on the
-                  mount, after the warm pass (all four mounts up, decode passes interleaved with
-                  the own Dataset's, in an order rotated by round)
+                  mount, after the warm pass (all four mounts up); each against its own Dataset
+                  twice, in ABBA order, formats in an order rotated by round
   own Dataset     the format's own Dataset class on the same files, same transform and DataLoader:
                   `datasets.load_dataset("parquet")` (its Arrow cache made beforehand, not timed),
                   the course's Arrow and HDF5 classes (shared/seeds); for tar, ImageFolder on the
-                  plain JPEG folder (local disk) as a reference. Files in the page cache first.
+                  plain JPEG folder (local disk) as a reference. All of them (data files,
+                  the Arrow cache, the JPEGs) in the page cache first.
 
 Targets: decode through the mount >= 0.95x the format's own Dataset class and >= 0.95x tar's;
 cold reads >= 0.8x the sequential bound. Ratios are taken within a round; medians [min-max].
@@ -258,24 +259,38 @@ def one_format(ctx, fmt: str, r: int):
 
 
 def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
-    """Decode through each mount and through each format's own Dataset, interleaved and in an order
-    rotated by round, so that the machine's load falls alike on the figures compared."""
+    """Decode through each mount and through each format's own Dataset. Each pair is timed twice,
+    in ABBA order (the mount first in even rounds, the own Dataset first in odd ones), so that a
+    drift of the machine's speed within a pair falls alike on both; formats in an order rotated
+    by round. Both sides read from memory: the mounts from their RAM, the anchors from the page
+    cache (the data files, `datasets`' Arrow cache and the JPEG folder are read beforehand)."""
     from torchvision.datasets import ImageFolder
 
     a = ctx.args
-    for fmt in FORMATS:  # the anchors read from the page cache, as the mounts' decode from their RAM
-        for path in data_files(ctx.shared, fmt):
-            with open(path, "rb") as f:
-                while f.read(8 << 20):
-                    pass
+    for path in anchor_files(ctx):
+        with open(path, "rb") as f:
+            while f.read(8 << 20):
+                pass
     order = FORMATS[r % len(FORMATS):] + FORMATS[:r % len(FORMATS)]
     for fmt in order:
-        root = os.path.join(mounts[fmt].mnt, "train")
-        figures[fmt]["decode_ips"] = decode_rate(ImageFolder(root, transform=transform()), a.workers, a.batch,
-                                                 a.decode_images, r)
-        figures[fmt]["own_ips"] = decode_rate(own_dataset(ctx, fmt), a.workers, a.batch, a.decode_images, r)
+        sides = {"decode_ips": ImageFolder(os.path.join(mounts[fmt].mnt, "train"), transform=transform()),
+                 "own_ips": own_dataset(ctx, fmt)}
+        keys = ["decode_ips", "own_ips"] if r % 2 == 0 else ["own_ips", "decode_ips"]
+        rates = {key: [] for key in keys}
+        for key in keys + keys[::-1]:
+            rates[key].append(decode_rate(sides[key], a.workers, a.batch, a.decode_images, r))
+        for key, got in rates.items():
+            figures[fmt][key] = statistics.mean(got)
         print(f"  {fmt}: decode {figures[fmt]['decode_ips']:.0f} img/s through the mount, "
-              f"{figures[fmt]['own_ips']:.0f} with its own Dataset", flush=True)
+              f"{figures[fmt]['own_ips']:.0f} with its own Dataset (each the mean of two passes)", flush=True)
+
+
+def anchor_files(ctx) -> list[str]:
+    """What the own Datasets read: the data files, `datasets`' Arrow cache, the JPEG folder."""
+    found = [p for fmt in FORMATS for p in data_files(ctx.shared, fmt)]
+    for top in (os.path.join(ctx.work, "hf-cache"), os.path.join(ctx.jpegs, "train")):
+        found += [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]
+    return found
 
 
 def one_round(ctx, r: int) -> dict:
