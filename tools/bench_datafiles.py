@@ -14,8 +14,9 @@ Per format and round:
                   files (dd iflag=direct of them all: bytes/s / bytes per image = files/s)
   warm open()     the same pass again on that mount
   decode          torchvision ImageFolder + DataLoader (--workers, the transform below) on the
-                  mount, after the warm pass (all four mounts up); each against its own Dataset
-                  twice, in ABBA order, formats in an order rotated by round
+                  mount, after the warm pass (all four mounts up); against its own Dataset in
+                  turns (--decode-slices passes each, A B B A ...), images/s from each pass's
+                  first batch on; formats in an order rotated by round
   own Dataset     the format's own Dataset class on the same files, same transform and DataLoader:
                   `datasets.load_dataset("parquet")` (its Arrow cache made beforehand, not timed),
                   the course's Arrow and HDF5 classes (shared/seeds); for tar, ImageFolder on the
@@ -37,6 +38,7 @@ import contextlib
 import glob
 import io
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -185,19 +187,19 @@ def transform():
                                transforms.ToTensor()])
 
 
-def decode_rate(ds, workers: int, batch: int, images: int, seed: int) -> float:
-    """Images/s of a DataLoader over ``images`` random samples of ``ds`` (the same for every format:
-    each writes the JPEGs in the same order)."""
-    import random
-
+def decode_seconds(ds, workers: int, batch: int, picked: list[int]) -> tuple[int, float]:
+    """(images, seconds) of a DataLoader over the samples ``picked`` of ``ds``, counted from its
+    first batch on: the steady state, without the workers' start."""
     import torch
 
-    picked = random.Random(seed).sample(range(len(ds)), min(images, len(ds)))
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, picked), batch_size=batch, num_workers=workers)
-    n, t0 = 0, time.perf_counter()
+    n, t0 = 0, None
     for item in loader:
+        if t0 is None:
+            t0 = time.perf_counter()
+            continue
         n += len(item["label"] if isinstance(item, dict) else item[1])
-    return n / (time.perf_counter() - t0)
+    return n, time.perf_counter() - t0
 
 
 def own_dataset(ctx, fmt: str):
@@ -259,10 +261,10 @@ def one_format(ctx, fmt: str, r: int):
 
 
 def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
-    """Decode through each mount and through each format's own Dataset. Each pair is timed twice,
-    in ABBA order (the mount first in even rounds, the own Dataset first in odd ones), so that a
-    drift of the machine's speed within a pair falls alike on both; formats in an order rotated
-    by round. Both sides read from memory: the mounts from their RAM, the anchors from the page
+    """Decode through each mount and through each format's own Dataset. The random images are cut
+    into --decode-slices slices, each read by both sides in turn (A B, B A, A B, ...; the mount
+    first in even rounds), so that a drift of the machine's speed falls alike on both; formats in
+    an order rotated by round. Both sides read from memory: the mounts from their RAM, the anchors from the page
     cache (the data files, `datasets`' Arrow cache and the JPEG folder are read beforehand)."""
     from torchvision.datasets import ImageFolder
 
@@ -275,14 +277,19 @@ def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
     for fmt in order:
         sides = {"decode_ips": ImageFolder(os.path.join(mounts[fmt].mnt, "train"), transform=transform()),
                  "own_ips": own_dataset(ctx, fmt)}
+        # the same random images for every format (each writes the JPEGs in the same order)
+        picked = random.Random(r).sample(range(ctx.marker["files"]), min(a.decode_images, ctx.marker["files"]))
         keys = ["decode_ips", "own_ips"] if r % 2 == 0 else ["own_ips", "decode_ips"]
-        rates = {key: [] for key in keys}
-        for key in keys + keys[::-1]:
-            rates[key].append(decode_rate(sides[key], a.workers, a.batch, a.decode_images, r))
-        for key, got in rates.items():
-            figures[fmt][key] = statistics.mean(got)
+        done = {key: [0, 0.0] for key in keys}
+        for i in range(a.decode_slices):  # A B, B A, A B, ...: each side reads every slice once
+            for key in keys if i % 2 == 0 else keys[::-1]:
+                n, secs = decode_seconds(sides[key], a.workers, a.batch, picked[i::a.decode_slices])
+                done[key][0] += n
+                done[key][1] += secs
+        for key, (n, secs) in done.items():
+            figures[fmt][key] = n / secs
         print(f"  {fmt}: decode {figures[fmt]['decode_ips']:.0f} img/s through the mount, "
-              f"{figures[fmt]['own_ips']:.0f} with its own Dataset (each the mean of two passes)", flush=True)
+              f"{figures[fmt]['own_ips']:.0f} with its own Dataset", flush=True)
 
 
 def anchor_files(ctx) -> list[str]:
@@ -370,7 +377,10 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--decode-images", type=int, default=500, help="images per decode pass (a random sample)")
+    parser.add_argument("--decode-images", type=int, default=2000,
+                        help="images each side decodes per round (a random sample, the same for every format)")
+    parser.add_argument("--decode-slices", type=int, default=4,
+                        help="passes the images are cut into, the two sides taking turns (A B, B A, ...)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     ctx = Ctx()

@@ -46,13 +46,21 @@ static void slot_release(Slot *s) {
     s->published = 0;
 }
 
+/* Mappings of tier files (for mincore, below), at most this many: each takes one of the process's
+ * vm.max_map_count (65530 by default) that malloc and Python need too, and a dataset may have
+ * far more shards. Past it, a tier file is read with O_DIRECT only. */
+#define MAX_TIER_MAPS 8192
+static _Atomic int tier_maps;
+
 static void slot_release_file(Slot *s) {
     if (!s->fpublished)
         return;
     atomic_store(&s->fd, -1);
     wait_unpinned(s);
-    if (s->fmap != NULL)
+    if (s->fmap != NULL) {
         munmap((void *)s->fmap, s->fmap_len);
+        atomic_fetch_sub(&tier_maps, 1);
+    }
     s->fmap = NULL;
     PyBuffer_Release(&s->fstatebuf);
     s->fpublished = 0;
@@ -85,8 +93,14 @@ static PyObject *slot_publish_file(Slot *s, PyObject *args) {
     s->fchunk = chunk;
     atomic_store(&s->no_o_direct, 0);
     s->fmap_len = (size_t)(data_at + size);
-    void *map = mmap(NULL, s->fmap_len, PROT_READ, MAP_SHARED, records_fd, 0);
-    s->fmap = map == MAP_FAILED ? NULL : (const unsigned char *)map; /* without: always O_DIRECT */
+    s->fmap = NULL; /* without a mapping: always O_DIRECT */
+    if (atomic_fetch_add(&tier_maps, 1) < MAX_TIER_MAPS) {
+        void *map = mmap(NULL, s->fmap_len, PROT_READ, MAP_SHARED, records_fd, 0);
+        if (map != MAP_FAILED)
+            s->fmap = (const unsigned char *)map;
+    }
+    if (s->fmap == NULL)
+        atomic_fetch_sub(&tier_maps, 1);
     s->fpublished = 1;
     atomic_store(&s->fd, fd);
     Py_RETURN_NONE;
