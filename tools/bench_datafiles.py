@@ -14,7 +14,8 @@ Per format and round:
                   files (dd iflag=direct of them all: bytes/s / bytes per image = files/s)
   warm open()     the same pass again on that mount
   decode          torchvision ImageFolder + DataLoader (--workers, the transform below) on the
-                  mount, after the warm pass (all four mounts up); against its own Dataset in
+                  mount (all four mounts up, every file read once more beforehand, as the
+                  anchors' files are); against its own Dataset in
                   turns (--decode-slices passes each, A B B A ...), images/s from each pass's
                   first batch on; formats in an order rotated by round
   own Dataset     the format's own Dataset class on the same files, same transform and DataLoader:
@@ -264,12 +265,14 @@ def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
     """Decode through each mount and through each format's own Dataset. The random images are cut
     into --decode-slices slices, each read by both sides in turn (A B, B A, A B, ...; the mount
     first in even rounds), so that a drift of the machine's speed falls alike on both; formats in
-    an order rotated by round. Both sides read from memory: the mounts from their RAM, the anchors from the page
-    cache (the data files, `datasets`' Arrow cache and the JPEG folder are read beforehand)."""
+    an order rotated by round. Both sides read from the page cache, as a later epoch does: every
+    file of the mounts and every file the anchors read (the data files, `datasets`' Arrow cache,
+    the JPEG folder) is read beforehand (the cold passes of later formats dropped the caches)."""
     from torchvision.datasets import ImageFolder
 
     a = ctx.args
-    for path in anchor_files(ctx):
+    mounted = [os.path.join(d, n) for m in mounts.values() for d, _, names in os.walk(m.mnt) for n in names]
+    for path in anchor_files(ctx) + mounted:
         with open(path, "rb") as f:
             while f.read(8 << 20):
                 pass
