@@ -116,7 +116,7 @@ typedef struct {
     Counter counts[OP_COUNT];
     Counter fast_bytes; /* bytes of reads answered here (Python counts the others) */
     Counter ram_reads, disk_reads; /* reads answered here from the RAM cache, from the disk tier */
-    Counter disk_cached_reads;     /* of disk_reads, those copied from the tier file's page cache */
+    Counter disk_cached_reads;     /* disk-tier answers and pushes copied from the tier's page cache */
     Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
     int push;
 } Session;

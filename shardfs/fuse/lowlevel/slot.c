@@ -220,7 +220,7 @@ void file_buffer_done(char *p, size_t need) {
 
 /* 1 if [at, at+len) of the disk-tier file was copied from the page cache. In the first epoch the
  * disk tier wrote these bytes moments ago and the kernel still holds them, where an O_DIRECT read
- * would wait for the disk (~10x longer per member here). mincore says whether every page is there
+ * would wait for the disk. mincore says whether every page is there
  * without starting any I/O (a buffered read that misses would read the disk itself, and then
  * the O_DIRECT read again). A page dropped between the two calls is read from disk, still right. */
 #define MAX_CACHED_PAGES 1024
