@@ -26,6 +26,7 @@ from typing import Protocol
 
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.buffers import BufferPool
+from shardfs.storage.claims import CLAIMED, MISSING, claim_run
 from shardfs.storage.memory import parse_size
 from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.threads import DaemonPool
@@ -34,7 +35,7 @@ from shardfs.storage.tierfile import (CHUNK, TierFile, cache_files, file_name, f
 
 log = logging.getLogger(__name__)
 
-MISSING, CLAIMED, VALID = 0, 1, 2  # a chunk, as this daemon knows it
+VALID = 2  # a chunk on disk; or MISSING, CLAIMED (storage.claims), as this daemon knows it
 FILL_RUN = 8  # chunks per storage request of a background fill (8 MiB)
 POLL_S = 0.02  # how often a daemon waiting for another's chunk looks again
 STALL_S = 5.0  # a filler whose file did not grow for this long is not filling what we wait for
@@ -313,13 +314,10 @@ class DiskTier:
         while not (self._closed or self.disabled or shard.broken):
             with self.readers_first.background(FILL_RUN) as run:
                 with entry.cond:
-                    first = entry.state.find(MISSING, cursor)
-                    if first < 0:
-                        break
-                    count = 1
-                    while count < run and first + count < len(entry.state) and entry.state[first + count] == MISSING:
-                        count += 1
-                    entry.state[first : first + count] = bytes([CLAIMED]) * count
+                    claimed = claim_run(entry.state, cursor, run)
+                if claimed is None:
+                    break
+                first, count = claimed
                 cursor = first + count
                 try:
                     self._fetch_chunks(shard, entry, first, count)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from shardfs.errors import ShardfsError
 from shardfs.storage import buffers, deadline
 from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.claims import CLAIMED, MISSING, claim_run
 from shardfs.storage.readers_first import ReadersFirst
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 # 8 missing chunks per request (large sequential reads for the storage).
 CHUNK = 1 << 20
 LOAD_RUN = 8
-MISSING, CLAIMED, LOADED, BAD = 0, 1, 2, 3  # BAD: reading it failed; its bytes are read per request
+LOADED, BAD = 2, 3  # after MISSING and CLAIMED (storage.claims); BAD: reading it failed; its bytes are read per request
 # Whoever reads a chunk gets an answer within deadline.TIMEOUT; a reader waiting for it gives up
 # after twice that (a safety net: EIO instead of holding a FUSE worker near the watchdog).
 WAIT_LIMIT = 2 * deadline.TIMEOUT
@@ -391,14 +392,11 @@ class ShardCache:
         for this loader (the rest is loaded or claimed by readers, or storage failed for good)."""
         with res.cond:
             # One pass in file order; what fails is left to the readers that need it.
-            first = res.state.find(MISSING, res.cursor)
-            if first < 0:
+            claimed = claim_run(res.state, res.cursor, run)
+            if claimed is None:
                 return False
-            count = 1
-            while count < run and first + count < len(res.state) and res.state[first + count] == MISSING:
-                count += 1
+            first, count = claimed
             res.cursor = first + count
-            res.state[first : first + count] = bytes([CLAIMED]) * count
             res.busy += 1
         try:
             self._read_chunks(res, first, count)

@@ -26,8 +26,9 @@ QUIET_S = 0.1  # readers waited this long ago or less: they are still reading wh
 
 
 class ReadersFirst:
-    def __init__(self, background: int):
-        self.limit = max(1, background)
+    def __init__(self, background: int, clock=time.monotonic):
+        """``clock``: seconds, for when readers last waited (tests move their own)."""
+        self.limit, self._clock = max(1, background), clock
         self._cv = threading.Condition()
         self._demand = 0
         self._demand_ended = float("-inf")
@@ -44,12 +45,12 @@ class ReadersFirst:
         finally:
             with self._cv:
                 self._demand -= 1
-                self._demand_ended = time.monotonic()
+                self._demand_ended = self._clock()
                 self._turns = min(self._turns + 1, self.limit)
                 self._cv.notify_all()
 
     def _busy(self) -> bool:
-        return self._demand > 0 or time.monotonic() - self._demand_ended < QUIET_S
+        return self._demand > 0 or self._clock() - self._demand_ended < QUIET_S
 
     @contextlib.contextmanager
     def background(self, run: int):
