@@ -15,9 +15,11 @@ Per format and round:
   warm open()     the same pass again on that mount
   decode          torchvision ImageFolder + DataLoader (--workers, the transform below) on the
                   mount (all four mounts up, every file read once more beforehand, as the
-                  anchors' files are); against its own Dataset in
-                  turns (--decode-slices passes each, A B B A ...), images/s from each pass's
-                  first batch on; formats in an order rotated by round
+                  anchors' files are); against its own Dataset and, for the data files,
+                  ImageFolder on the plain JPEG folder, taking turns (--decode-slices passes
+                  each, the order turning and reversing); images/s of each pass's steady state
+                  (from every worker's first batch to the last whole round of workers);
+                  formats in an order rotated by round
   own Dataset     the format's own Dataset class on the same files, same transform and DataLoader:
                   `datasets.load_dataset("parquet")` (its Arrow cache made beforehand, not timed),
                   the course's Arrow and HDF5 classes (shared/seeds); for tar, ImageFolder on the
@@ -189,18 +191,21 @@ def transform():
 
 
 def decode_seconds(ds, workers: int, batch: int, picked: list[int]) -> tuple[int, float]:
-    """(images, seconds) of a DataLoader over the samples ``picked`` of ``ds``, counted from its
-    first batch on: the steady state, without the workers' start."""
+    """(images, seconds) of a DataLoader over the samples ``picked`` of ``ds`` in its steady state:
+    from the moment every worker has delivered its first batch to the last batch of a whole round
+    of workers (whole batches only). Timing from the very first batch instead counts the other
+    workers' first batches, made mostly before the clock starts, by as much as 1/batches of the
+    pass, and by an amount that depends on how far apart the workers happened to start."""
     import torch
 
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, picked), batch_size=batch, num_workers=workers)
-    n, t0 = 0, None
-    for item in loader:
-        if t0 is None:
-            t0 = time.perf_counter()
-            continue
-        n += len(item["label"] if isinstance(item, dict) else item[1])
-    return n, time.perf_counter() - t0
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, picked), batch_size=batch,
+                                         num_workers=workers, drop_last=True)
+    arrived = [time.perf_counter() for _ in loader]
+    rounds = len(arrived) // max(workers, 1)
+    if rounds < 2:
+        raise ValueError(f"{len(picked)} images make {len(arrived)} batches: too few for {workers} workers")
+    first, last = max(workers, 1) - 1, rounds * max(workers, 1) - 1
+    return (last - first) * batch, arrived[last] - arrived[first]
 
 
 def own_dataset(ctx, fmt: str):
@@ -262,12 +267,14 @@ def one_format(ctx, fmt: str, r: int):
 
 
 def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
-    """Decode through each mount and through each format's own Dataset. The random images are cut
-    into --decode-slices slices, each read by both sides in turn (A B, B A, A B, ...; the mount
-    first in even rounds), so that a drift of the machine's speed falls alike on both; formats in
-    an order rotated by round. Both sides read from the page cache, as a later epoch does: every
-    file of the mounts and every file the anchors read (the data files, `datasets`' Arrow cache,
-    the JPEG folder) is read beforehand (the cold passes of later formats dropped the caches)."""
+    """Decode through each mount, through each format's own Dataset and (for the data files)
+    through ImageFolder on the plain JPEG folder: what ImageFolder itself costs, without the mount.
+    The random images are cut into --decode-slices slices, each read by every side in turn, the
+    order turning from slice to slice and running backwards every other cycle (A B, B A, ...), so
+    that a drift of the machine's speed falls alike on all; formats in an order rotated by round.
+    Every side reads from the page cache, as a later epoch does: every file of the mounts and
+    every file the anchors read (the data files, `datasets`' Arrow cache, the JPEG folder) is read
+    beforehand (the cold passes of later formats dropped the caches)."""
     from torchvision.datasets import ImageFolder
 
     a = ctx.args
@@ -280,19 +287,24 @@ def decode_passes(ctx, r: int, figures: dict, mounts: dict) -> None:
     for fmt in order:
         sides = {"decode_ips": ImageFolder(os.path.join(mounts[fmt].mnt, "train"), transform=transform()),
                  "own_ips": own_dataset(ctx, fmt)}
+        if fmt != "tar":  # tar's own Dataset is that folder already
+            sides["folder_ips"] = ImageFolder(os.path.join(ctx.jpegs, "train"), transform=transform())
         # the same random images for every format (each writes the JPEGs in the same order)
         picked = random.Random(r).sample(range(ctx.marker["files"]), min(a.decode_images, ctx.marker["files"]))
-        keys = ["decode_ips", "own_ips"] if r % 2 == 0 else ["own_ips", "decode_ips"]
+        keys = list(sides)
+        keys = keys[r % len(keys):] + keys[:r % len(keys)]
         done = {key: [0, 0.0] for key in keys}
-        for i in range(a.decode_slices):  # A B, B A, A B, ...: each side reads every slice once
-            for key in keys if i % 2 == 0 else keys[::-1]:
+        for i in range(a.decode_slices):
+            turn = keys[i % len(keys):] + keys[:i % len(keys)]
+            for key in turn[::-1] if (i // len(keys)) % 2 else turn:
                 n, secs = decode_seconds(sides[key], a.workers, a.batch, picked[i::a.decode_slices])
                 done[key][0] += n
                 done[key][1] += secs
         for key, (n, secs) in done.items():
             figures[fmt][key] = n / secs
+        folder = f", {figures[fmt]['folder_ips']:.0f} with ImageFolder on the plain folder" if "folder_ips" in done else ""
         print(f"  {fmt}: decode {figures[fmt]['decode_ips']:.0f} img/s through the mount, "
-              f"{figures[fmt]['own_ips']:.0f} with its own Dataset", flush=True)
+              f"{figures[fmt]['own_ips']:.0f} with its own Dataset{folder}", flush=True)
 
 
 def anchor_files(ctx) -> list[str]:
@@ -327,6 +339,10 @@ def report(rounds: list[dict]) -> None:
         return [rd[fmt][num] / (rd[den_fmt or fmt][den][den_sub] if den_sub else rd[den_fmt or fmt][den])
                 for rd in rounds]
 
+    def plain(fmt, figure, fmt_str):  # the plain folder's side: tar's own Dataset is that folder
+        return cell(figure(fmt, "own_ips" if fmt == "tar" else "folder_ips"), fmt_str) if fmt != "tar" or \
+            fmt_str == "{:.0f}" else "-"
+
     print()
     print(f"Medians [min-max] of {len(rounds)} rounds:")
     print()
@@ -344,14 +360,18 @@ def report(rounds: list[dict]) -> None:
         ("warm open(), files/s", lambda f: cell(col(f, "warm_fps"), "{:,.0f}")),
         ("decode, ImageFolder + DataLoader on the mount, img/s", lambda f: cell(col(f, "decode_ips"), "{:.0f}")),
         ("decode, the format's own Dataset, img/s", lambda f: cell(col(f, "own_ips"), "{:.0f}")),
+        ("decode, ImageFolder on the plain JPEG folder, img/s", lambda f: plain(f, col, "{:.0f}")),
         ("mount decode / own Dataset (target 0.95x)", lambda f: cell(ratio(f, "decode_ips", "own_ips"), "{:.2f}x")),
+        ("mount decode / plain folder decode", lambda f: plain(f, lambda f, k: ratio(f, "decode_ips", k), "{:.2f}x")),
+        ("plain folder decode / own Dataset", lambda f: plain(f, lambda f, k: ratio(f, k, "own_ips"), "{:.2f}x")),
         ("mount decode / tar's mount decode (target 0.95x)",
          lambda f: cell(ratio(f, "decode_ips", "decode_ips", den_fmt="tar"), "{:.2f}x")),
     ]
     for title, fn in lines:
         print(f"| {title} | " + " | ".join(fn(f) for f in FORMATS) + " |")
     print()
-    print("tar's own Dataset: ImageFolder on the plain JPEG folder (local disk, page cache).")
+    print("tar's own Dataset: ImageFolder on the plain JPEG folder (local disk, page cache), the same\n"
+          "folder as the plain-folder row: ImageFolder's own cost against each format's Dataset class.")
     for f in FORMATS:
         checks = [("cold >= 0.8x bound", ratio(f, "cold_fps", "seq", den_sub="fps"), 0.8),
                   ("decode >= 0.95x own", ratio(f, "decode_ips", "own_ips"), 0.95)]
