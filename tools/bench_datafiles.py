@@ -339,9 +339,8 @@ def report(rounds: list[dict]) -> None:
         return [rd[fmt][num] / (rd[den_fmt or fmt][den][den_sub] if den_sub else rd[den_fmt or fmt][den])
                 for rd in rounds]
 
-    def plain(fmt, figure, fmt_str):  # the plain folder's side: tar's own Dataset is that folder
-        return cell(figure(fmt, "own_ips" if fmt == "tar" else "folder_ips"), fmt_str) if fmt != "tar" or \
-            fmt_str == "{:.0f}" else "-"
+    def folder(fmt):  # the plain folder's side: tar's own Dataset is that folder
+        return "own_ips" if fmt == "tar" else "folder_ips"
 
     print()
     print(f"Medians [min-max] of {len(rounds)} rounds:")
@@ -360,10 +359,11 @@ def report(rounds: list[dict]) -> None:
         ("warm open(), files/s", lambda f: cell(col(f, "warm_fps"), "{:,.0f}")),
         ("decode, ImageFolder + DataLoader on the mount, img/s", lambda f: cell(col(f, "decode_ips"), "{:.0f}")),
         ("decode, the format's own Dataset, img/s", lambda f: cell(col(f, "own_ips"), "{:.0f}")),
-        ("decode, ImageFolder on the plain JPEG folder, img/s", lambda f: plain(f, col, "{:.0f}")),
+        ("decode, ImageFolder on the plain JPEG folder, img/s", lambda f: cell(col(f, folder(f)), "{:.0f}")),
         ("mount decode / own Dataset (target 0.95x)", lambda f: cell(ratio(f, "decode_ips", "own_ips"), "{:.2f}x")),
-        ("mount decode / plain folder decode", lambda f: plain(f, lambda f, k: ratio(f, "decode_ips", k), "{:.2f}x")),
-        ("plain folder decode / own Dataset", lambda f: plain(f, lambda f, k: ratio(f, k, "own_ips"), "{:.2f}x")),
+        ("mount decode / plain folder decode", lambda f: cell(ratio(f, "decode_ips", folder(f)), "{:.2f}x")),
+        ("plain folder decode / own Dataset",
+         lambda f: "-" if f == "tar" else cell(ratio(f, "folder_ips", "own_ips"), "{:.2f}x")),
         ("mount decode / tar's mount decode (target 0.95x)",
          lambda f: cell(ratio(f, "decode_ips", "decode_ips", den_fmt="tar"), "{:.2f}x")),
     ]
