@@ -33,6 +33,11 @@ def test_usage_errors(tmp_path, tar_shards):
     _one_line_error(shardfs_cmd("mount", str(empty), str(mnt)), "no shard found")
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "other"), str(mnt)), "no shard found")
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "other" / "readme.txt"), str(mnt)), "not a shard")
+    for split in ("train", "val"):  # tar shards only in subdirectories: which, and how to name them
+        (tmp_path / "splits" / split).mkdir(parents=True)
+        shutil.copy(sorted(tar_shards.glob("*.tar"))[0], tmp_path / "splits" / split / "s.tar")
+    _one_line_error(shardfs_cmd("mount", str(tmp_path / "splits"), str(mnt)), "no shard found",
+                    "subdirectories train, val", os.path.join(str(tmp_path / "splits"), "*", "*.tar"))
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "x*.tar"), str(mnt)), "matches no shard")
     _one_line_error(shardfs_cmd("mount", str(tar_shards), str(tmp_path / "missing")), "does not exist", "mkdir")
     _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "-o", "rwx"), "unknown mount option")

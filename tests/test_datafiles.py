@@ -142,6 +142,44 @@ def test_the_hubs_files_mounted_under_their_paths_and_class_names(kind, samples,
     assert "rows have an ImageFolder class index other" not in m.log()
 
 
+def test_a_hub_snapshot_and_a_saved_dataset_dict_mount_from_their_top_folder(samples, tar_shards, mount, tmp_path):
+    """Dataset files only below the folder named: the hub's snapshot (`data/*.parquet`, links into
+    its blob store, a README beside) and `datasets`' save_to_disk of a DatasetDict (a folder per
+    split, `data-0000K-of-0000N.arrow` in each): each split's images under SPLIT/CLASS/NAME. Hidden
+    folders are not searched; tar shards below the top are left out, with a warning."""
+    datasets = pytest.importorskip("datasets")
+
+    def want(split: str) -> dict[str, str]:
+        return {f"{split}/{samples.classes[label]}/{n}": sha(d) for label, n, d in samples.rows}
+
+    snapshot, blobs = tmp_path / "snapshot", tmp_path / "blobs"
+    write_hf(samples, blobs / "train", "train")
+    write_hf(samples, blobs / "validation", "validation", shards=1)
+    write_hf(samples, snapshot / ".cache" / "huggingface", "test", shards=1)  # not the dataset's
+    (snapshot / "data").mkdir()
+    (snapshot / "README.md").write_text("---\nlicense: other\n---\n")
+    for blob in sorted(blobs.glob("*/*.parquet")):
+        (snapshot / "data" / blob.name).symlink_to(blob)
+    (snapshot / "wds").mkdir()
+    shutil.copy(sorted(tar_shards.glob("*.tar"))[0], snapshot / "wds")
+    m = mount(snapshot)
+    assert tree_digests(m.path) == {**want("train"), **want("validation")}
+    for split in ("train", "validation"):
+        check_imagefolder(m.path, split, samples.classes, samples.rows)
+    assert "mounting the 3 dataset files in its subdirectories" in m.log()
+    assert "1 tar/lz4 shards below its top left out" in m.log()
+
+    saved = tmp_path / "saved"
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=samples.classes)})
+    split = datasets.Dataset.from_dict({"image": [{"bytes": d, "path": n} for _, n, d in samples.rows],
+                                        "label": [label for label, _, _ in samples.rows]}, features=features)
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(saved), num_shards={"train": 2, "test": 1})
+    m = mount(saved, name="mnt-saved")
+    assert tree_digests(m.path) == {**want("train"), **want("test")}
+    check_imagefolder(m.path, "test", samples.classes, samples.rows)
+    assert m.stats()["read_errors"] == 0
+
+
 def test_the_courses_files_and_the_stream_format(samples, mount, tmp_path):
     """The course's Arrow IPC file (train) and HDF5 file (a group per split), and an Arrow stream
     (validation): names are row numbers, class folders the labels zero-padded."""

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import logging
 import os
 
 from shardfs.errors import UsageError
-from shardfs.formats import format_for, suffixes
+from shardfs.formats import DATA_FORMATS, format_for, suffixes
 from shardfs.redact import redact
 from shardfs.storage.base import is_url
+
+log = logging.getLogger(__name__)
 
 
 def is_shard_url(url: str) -> bool:
@@ -21,8 +24,8 @@ def _is_shard(path: str) -> bool:
 
 
 def find_shards(sources: list[str]) -> list[str]:
-    """Shard files named by SRC arguments: directories (their shards, not recursive),
-    single shard files, or glob patterns; or remote ones (s3://bucket/prefix/, URLs with
+    """Shard files named by SRC arguments: directories (see _shards_in), single shard files, or
+    glob patterns; or remote ones (s3://bucket/prefix/, URLs with
     {000..146} brace ranges, see _remote_objects). Sorted by path, duplicates removed, so
     the order (and with it the duplicate-path rule) does not depend on argument order."""
     if not sources:
@@ -37,13 +40,7 @@ def find_shards(sources: list[str]) -> list[str]:
                 raise UsageError(f"{src}: the pattern matches no shard ({', '.join(suffixes())})")
             found.update(os.path.abspath(p) for p in matches)
         elif os.path.isdir(src):
-            matches = [os.path.join(src, n) for n in os.listdir(src)]
-            matches = [p for p in matches if _is_shard(p)]
-            if not matches:
-                raise UsageError(
-                    f"{src}: no shard found in this directory (looked for {', '.join(suffixes())} files)"
-                )
-            found.update(os.path.abspath(p) for p in matches)
+            found.update(os.path.abspath(p) for p in _shards_in(src))
         elif os.path.isfile(src):
             if format_for(src) is None:
                 raise UsageError(f"{src}: not a shard (expected one of {', '.join(suffixes())})")
@@ -51,6 +48,34 @@ def find_shards(sources: list[str]) -> list[str]:
         else:
             raise UsageError(f"{src}: no such file or directory")
     return sorted(found)
+
+
+def _shards_in(folder: str) -> list[str]:
+    """A directory's shards: those at its top. Where there are none, the dataset files (Parquet,
+    Arrow, HDF5) anywhere below it, as the hub's snapshots (`data/train-00000-of-00294.parquet`)
+    and `datasets`' save_to_disk of several splits (`train/data-00000-of-00002.arrow`) keep them:
+    each is placed under the split its name or folder says. Tar and lz4 shards below the top are
+    not taken: their members carry their own paths, and a train/ and a val/ folder of shards
+    would be merged into one tree (named with a glob they can be)."""
+    top = [p for p in (os.path.join(folder, n) for n in os.listdir(folder)) if _is_shard(p)]
+    if top:
+        return top
+    below: list[str] = []
+    for parent, dirs, files in os.walk(folder):  # symlinked files followed (the hub's cache), folders not
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        below += [os.path.join(parent, n) for n in sorted(files) if _is_shard(os.path.join(parent, n))]
+    data = [p for p in below if format_for(p).name in DATA_FORMATS]
+    if data:
+        log.info("%s: no shard at its top: mounting the %d dataset files in its subdirectories", folder, len(data))
+        if len(data) < len(below):
+            log.warning("%s: %d tar/lz4 shards below its top left out (name them with a glob, e.g. %s)", folder,
+                        len(below) - len(data), os.path.join(folder, "*", "*.tar"))
+        return data
+    where = sorted({os.path.relpath(os.path.dirname(p), folder) for p in below})
+    hint = (f"; shards in its subdirectories {', '.join(where[:5])}{' ...' if len(where) > 5 else ''}: name one "
+            f"of them, or them all with a glob ({os.path.join(folder, '*', '*' + os.path.splitext(below[0])[1])})"
+            if below else "")
+    raise UsageError(f"{folder}: no shard found in this directory (looked for {', '.join(suffixes())} files){hint}")
 
 
 def expand_braces(url: str) -> list[str]:
