@@ -209,3 +209,28 @@ def test_unknown_command_is_not_taken_for_a_mount(tmp_path):
     _one_line_error(shardfs_cmd("frobnicate"), "unknown command 'frobnicate'", "commands: mount")
     # The fstab shorthand "shardfs SRC MOUNTPOINT" (mount.fuse3) still reaches mount: its errors are mount's.
     _one_line_error(shardfs_cmd(str(tmp_path / "nope"), str(tmp_path)), "no such file or directory")
+
+
+def test_a_folder_without_shards_at_its_top_is_searched_only_so_far(tmp_path, monkeypatch):
+    """Dataset files are looked for SEARCH_DEPTH folders down and among SEARCH_ENTRIES names at most:
+    a folder of loose images named by mistake is not walked to its end."""
+    from shardfs.errors import UsageError
+    from shardfs.view import sources
+
+    deep = tmp_path / "deep"
+    for depth in range(1, sources.SEARCH_DEPTH + 2):
+        folder = deep.joinpath(*[f"d{i}" for i in range(depth)])
+        folder.mkdir(parents=True)
+        (folder / f"train-{depth}.parquet").write_bytes(b"PAR1")
+    found = [os.path.relpath(p, deep) for p in sources.find_shards([str(deep)])]
+    assert sorted(found) == sorted(os.path.join(*[f"d{i}" for i in range(depth)], f"train-{depth}.parquet")
+                                   for depth in range(1, sources.SEARCH_DEPTH + 1))
+
+    loose = tmp_path / "loose"
+    for c in range(3):
+        (loose / "train" / f"class{c}").mkdir(parents=True)
+        for i in range(10):
+            (loose / "train" / f"class{c}" / f"{i}.jpg").write_bytes(b"x")
+    monkeypatch.setattr(sources, "SEARCH_ENTRIES", 20)
+    with pytest.raises(UsageError, match="more than 20 entries below it were searched in vain"):
+        sources.find_shards([str(loose)])

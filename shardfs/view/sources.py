@@ -50,19 +50,32 @@ def find_shards(sources: list[str]) -> list[str]:
     return sorted(found)
 
 
+# How far below a directory without shards at its top its dataset files are looked for: a hub
+# cache's `snapshots/REV/data/x.parquet` is 3 folders down. The entries are capped too: a folder of
+# extracted images named by mistake must not cost a walk of millions of names on shared storage.
+SEARCH_DEPTH = 3
+SEARCH_ENTRIES = 20_000
+
+
 def _shards_in(folder: str) -> list[str]:
     """A directory's shards: those at its top. Where there are none, the dataset files (Parquet,
-    Arrow, HDF5) anywhere below it, as the hub's snapshots (`data/train-00000-of-00294.parquet`)
-    and `datasets`' save_to_disk of several splits (`train/data-00000-of-00002.arrow`) keep them:
-    each is placed under the split its name or folder says. Tar and lz4 shards below the top are
-    not taken: their members carry their own paths, and a train/ and a val/ folder of shards
-    would be merged into one tree (named with a glob they can be)."""
+    Arrow, HDF5) below it (SEARCH_DEPTH folders down at most), as the hub's snapshots
+    (`data/train-00000-of-00294.parquet`) and `datasets`' save_to_disk of several splits
+    (`train/data-00000-of-00002.arrow`) keep them: each is placed under the split its name or
+    folder says. Tar and lz4 shards below the top are not taken: their members carry their own
+    paths, and a train/ and a val/ folder of shards would be merged into one tree (named with a
+    glob they can be)."""
     top = [p for p in (os.path.join(folder, n) for n in os.listdir(folder)) if _is_shard(p)]
     if top:
         return top
-    below: list[str] = []
+    below, seen = [], 0
     for parent, dirs, files in os.walk(folder):  # symlinked files followed (the hub's cache), folders not
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        seen += len(dirs) + len(files)
+        if seen > SEARCH_ENTRIES:
+            raise UsageError(f"{folder}: no shard at its top, and more than {SEARCH_ENTRIES:,} entries below it "
+                             "were searched in vain: name the folder that holds the shards, or a glob of them")
+        depth = os.path.relpath(parent, folder).count(os.sep) + (parent != folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < SEARCH_DEPTH else []
         below += [os.path.join(parent, n) for n in sorted(files) if _is_shard(os.path.join(parent, n))]
     data = [p for p in below if format_for(p).name in DATA_FORMATS]
     if data:
