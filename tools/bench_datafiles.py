@@ -201,10 +201,11 @@ def decode_seconds(ds, workers: int, batch: int, picked: list[int]) -> tuple[int
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, picked), batch_size=batch,
                                          num_workers=workers, drop_last=True)
     arrived = [time.perf_counter() for _ in loader]
-    rounds = len(arrived) // max(workers, 1)
+    per_round = max(workers, 1)  # batches, one from each worker
+    rounds = len(arrived) // per_round
     if rounds < 2:
         raise ValueError(f"{len(picked)} images make {len(arrived)} batches: too few for {workers} workers")
-    first, last = max(workers, 1) - 1, rounds * max(workers, 1) - 1
+    first, last = per_round - 1, rounds * per_round - 1
     return (last - first) * batch, arrived[last] - arrived[first]
 
 
@@ -403,7 +404,7 @@ def main() -> int:
     parser.add_argument("--decode-images", type=int, default=2000,
                         help="images each side decodes per round (a random sample, the same for every format)")
     parser.add_argument("--decode-slices", type=int, default=4,
-                        help="passes the images are cut into, the two sides taking turns (A B, B A, ...)")
+                        help="passes the images are cut into, the sides taking turns (A B, B A, ...)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     ctx = Ctx()

@@ -75,8 +75,8 @@ def _shards_in(folder: str) -> list[str]:
             raise UsageError(f"{folder}: no shard at its top, and more than {SEARCH_ENTRIES:,} entries below it "
                              "were searched in vain: name the folder that holds the shards, or a glob of them")
         depth = os.path.relpath(parent, folder).count(os.sep) + (parent != folder)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < SEARCH_DEPTH else []
-        below += [os.path.join(parent, n) for n in sorted(files) if _is_shard(os.path.join(parent, n))]
+        dirs[:] = [d for d in dirs if not d.startswith(".")] if depth < SEARCH_DEPTH else []
+        below += [p for p in (os.path.join(parent, n) for n in files) if _is_shard(p)]
     data = [p for p in below if format_for(p).name in DATA_FORMATS]
     if data:
         log.info("%s: no shard at its top: mounting the %d dataset files in its subdirectories", folder, len(data))
