@@ -1,16 +1,54 @@
 """The compiled request loop (shardfs/fuse/lowlevel/*.c): built by pip install with a C compiler and
 Python's headers alone. It declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and
-binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither."""
+binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither.
+
+The package's long description (what PyPI shows) is README.md with its relative links made
+absolute against the repository named once in pyproject.toml's [project.urls]: relative links
+work on the repository's host but lead nowhere on PyPI."""
 
 import platform
+import re
+import sys
 
 from setuptools import Extension, setup
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # a build requirement there (pyproject.toml)
+    import tomli as tomllib
+
+INLINE_LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+)\)")
+HAS_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|//)")
+
+
+def absolute_links(markdown: str, repository: str) -> str:
+    """markdown with every relative inline link made absolute against repository, laid out as GitHub
+    and its kin serve a repository: pages under blob/HEAD/, images under raw/HEAD/, the README's own
+    headings on the repository's front page. Fenced code is left as it is."""
+    def absolute(m: re.Match) -> str:
+        image, text, target = m.groups()
+        if HAS_SCHEME.match(target):
+            return m.group(0)
+        if target.startswith("#"):
+            return f"{image}[{text}]({repository}{target})"
+        return f"{image}[{text}]({repository}/{'raw' if image else 'blob'}/HEAD/{target.removeprefix('./')})"
+
+    parts = re.split(r"(^```.*?^```[^\n]*$)", markdown, flags=re.M | re.S)
+    return "".join(part if part.startswith("```") else INLINE_LINK.sub(absolute, part) for part in parts)
+
+
+def long_description() -> str:
+    with open("pyproject.toml", "rb") as f:
+        repository = tomllib.load(f)["project"]["urls"]["Repository"].rstrip("/")
+    with open("README.md", encoding="utf-8") as f:
+        return absolute_links(f.read(), repository)
+
 
 LOWLEVEL = "shardfs/fuse/lowlevel"
 # where lowlevel.h binds dlopen and its kin to their first symbol version (glibc on x86_64)
 OLD_DLOPEN = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
 
-setup(ext_modules=[Extension(
+setup(long_description=long_description(), long_description_content_type="text/markdown", ext_modules=[Extension(
     "shardfs.fuse._lowlevel",
     sources=[f"{LOWLEVEL}/{name}.c" for name in ("libfuse", "slot", "table", "requests", "session")],
     depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h"],

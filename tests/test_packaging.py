@@ -109,6 +109,18 @@ def test_the_wheel_is_manylinux_and_carries_no_libfuse(dists):
     assert not [n for n in needed if "fuse" in n or "libz" in n], needed
 
 
+def test_the_wheels_long_description_has_no_relative_link(dists):
+    # what PyPI shows; the sdist's is checked in test_docs.py, which builds one without this module's root
+    from email.parser import Parser
+
+    from test_docs import check_long_description
+
+    with zipfile.ZipFile(dists["whl"]) as whl:
+        [name] = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(whl.read(name).decode())
+    check_long_description(metadata.get_payload())
+
+
 @pytest.mark.parametrize("kind", ["whl", "gz"])
 def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, sample_tree, tar_shards, tmp_path):
     venv = tmp_path / "venv"

