@@ -7,8 +7,9 @@
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v debootstrap >/dev/null; then
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v debootstrap >/dev/null \
+    || ! command -v catatonit >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends podman runc debootstrap uidmap slirp4netns \
-        fuse-overlayfs containernetworking-plugins iptables >/dev/null
+        fuse-overlayfs containernetworking-plugins iptables catatonit >/dev/null
 fi
