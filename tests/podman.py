@@ -71,7 +71,7 @@ class Podman:
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300, text: bool = True,
                  **kwargs) -> subprocess.CompletedProcess:
-        done = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=text,
+        done = subprocess.run(["podman", *args], check=False, env=self.env, capture_output=True, text=text,
                               timeout=timeout, **kwargs)
         if check and done.returncode != 0:
             raise AssertionError(f"podman {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")

@@ -8,10 +8,10 @@ the network the build uses (Debian's archive, PyPI)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import yaml
-
 from benchlib import sample
 from benchlib.cli import REPO
 from podman import Podman, missing_parts
@@ -84,7 +84,7 @@ def test_image_holds_the_daemon_not_the_training_stack(podman, image):
 
 
 def test_pod_example_training_container_reads_the_mount(podman, image, tar_shards, sample_tree, tmp_path):
-    pod = yaml.safe_load(open(POD_YAML))
+    pod = yaml.safe_load(Path(POD_YAML).read_text())
     name = pod["metadata"]["name"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
