@@ -1,5 +1,5 @@
 """The container image (tools/container/Containerfile) and the pod example (tools/container/pod.yaml),
-built and run with a private podman (tests/podman.py) on a Debian base image made here: the mount
+built and run with a private podman (tests/private_podman.py) on a Debian base image made here: the mount
 inside the container, the pod's training container reading the shardfs container's mount. Every
 file is compared by sha256 with the source. They take minutes (debootstrap, apt and pip in the
 build): slow-marked. Needs root, podman, runc, debootstrap, catatonit (tools/container/setup.sh) and
@@ -14,7 +14,7 @@ import pytest
 import yaml
 from benchlib import sample
 from benchlib.cli import REPO
-from podman import Podman, missing_parts
+from private_podman import Podman, missing_parts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(missing_parts() is not None, reason=str(missing_parts()))]
