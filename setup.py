@@ -1,5 +1,5 @@
-"""The compiled request loop (shardfs/fuse/lowlevel/*.c): built by pip install with a C compiler and
-Python's headers alone. It declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and
+"""The compiled request loop (shardfs/fuse/lowlevel/*.c) and the tar scanner's fast path
+(shardfs/formats/_tarscan.c): built by pip install with a C compiler and Python's headers alone. It declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and
 binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither."""
 
 import platform
@@ -19,4 +19,9 @@ setup(ext_modules=[Extension(
     # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
     # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
     extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
+), Extension(
+    "shardfs.formats._tarscan",
+    sources=["shardfs/formats/_tarscan.c"],
+    py_limited_api=True,  # the file defines Py_LIMITED_API (3.10)
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
 )])
