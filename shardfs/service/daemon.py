@@ -19,6 +19,8 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
+from shardfs.view.progress import IndexProgress
+from shardfs.view.progress import describe as describe_progress
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
@@ -144,7 +146,7 @@ class Daemon:
             self.peers = PeerNet(opts.peers, opts.peer_self)
         self._report("finding shards")
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
+                                     progress=IndexProgress(self._index_progress))
         self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
@@ -250,12 +252,19 @@ class Daemon:
 
     # ---- lifecycle ----------------------------------------------------------
 
-    def _report(self, step: str) -> None:
-        """Tell a waiting `shardfs mount` that we are getting on (it gives up on silence)."""
+    def _index_progress(self, figures: dict) -> None:
+        if figures["built"] or figures["shards"] < figures["of"]:  # a remount that loads them all: no lines
+            log.info("%s", describe_progress(figures))
+        self._report(f"indexed {figures['shards']}/{figures['of']} shards", figures)
+
+    def _report(self, step: str, index: dict | None = None) -> None:
+        """Tell a waiting `shardfs mount` that we are getting on (it gives up on silence);
+        ``index``: how far the index step is (progress.IndexProgress), shown on its terminal."""
         if self.ready_fd is None:
             return
         try:
-            os.write(self.ready_fd, json.dumps({"progress": step}).encode() + b"\n")
+            message = {"progress": step, **({"index": index} if index else {})}
+            os.write(self.ready_fd, json.dumps(message).encode() + b"\n")
         except OSError:
             pass  # `shardfs mount` is gone: nobody to tell
 

@@ -92,21 +92,26 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
                  columns: Columns = Columns()):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (processes for local shards; threads for remote ones, which wait on the network).
-    ``progress(done, total)`` is called as each index is ready."""
+    ``progress``: a progress.IndexProgress, told as each index is ready."""
     done: dict[str, tuple] = {}
 
     def collect(pairs) -> None:
         for path, result in pairs:
             done[path] = result
             if progress is not None:
-                progress(len(done), len(paths))
+                progress.add(*result)
 
+    loaded = []
     if not rebuild:
         # Current local indexes are read here: a read and a few numpy views each, far less than
         # what a worker process would spend pickling them back to us (a remount reads them all).
         local = [p for p in paths if not is_url(p)]
-        collect((p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns) for p in local)) if ix is not None)
-    todo = [p for p in paths if p not in done]
+        loaded = [(p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns) for p in local))
+                  if ix is not None]
+    todo = [p for p in paths if p not in dict(loaded)]
+    if progress is not None:
+        progress.begin(len(paths), todo)
+    collect(loaded)
     # A local shard left over has no current index (it was just looked for): built without looking again.
     jobs = [(p, index_dir, rebuild or not is_url(p), columns) for p in todo]
     if any(is_url(p) for p in todo) and len(todo) > 1:
@@ -124,7 +129,7 @@ def open_dataset(sources: list[str], index_dir: str | None = None, workers: int 
                  layout: layouts.ImageFolderLayout | None = None, progress=None,
                  columns: Columns = Columns()) -> Dataset:
     """``layout``: None shows members as stored; see layouts.py for the imagefolder view.
-    ``progress(done, total)``: called as each shard's index is ready. ``columns``: dataset
+    ``progress``: a progress.IndexProgress, told as each shard's index is ready. ``columns``: dataset
     files' image and label columns (formats/datafile.py)."""
     return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout, progress=progress,
                      columns=columns)
