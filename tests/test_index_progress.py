@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 
 from conftest import needs_fuse
+from tarcraft import archive, member
+
 from shardfs.index import shard_index
 from shardfs.view import dataset
 from shardfs.view.progress import IndexProgress, describe
-from tarcraft import archive, member
 
 
 def test_figures_count_shards_members_and_the_bytes_built(tmp_path):

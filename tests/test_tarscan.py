@@ -11,14 +11,15 @@ import io
 import tarfile
 
 import pytest
+import tar_corpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import tar_corpus
-from shardfs.formats import tar
-from shardfs.formats.tar import TarFormat
 from tarcraft import _fix_checksum, archive, header, member
 from test_fuzz_tar_writers import FUZZ, MemorySource, _header_offsets, edits, mutate
+
+from shardfs.formats import tar
+from shardfs.formats.tar import TarFormat
+from shardfs.index import plain, shard_index
 
 PLAIN = TarFormat(compiled=False)
 CHUNKS = [tar.CHUNK, 1024, 1536 + 512 * 3, 64 * 1024 + 512]  # small ones end inside headers and members
@@ -27,16 +28,20 @@ pytestmark = pytest.mark.skipif(tar._tarscan is None, reason="the compiled scann
 
 
 def scanned(result) -> tuple:
+    """What a scan found; members from the compiled scanner's columns too (scan(columns=True))."""
+    assert not (result.members and result.columns)
+    records = result.members or (list(result.columns.records()) if result.columns is not None else [])
     members = [(m.path, int(m.kind), m.offset, m.size, m.mode, m.mtime, m.link, m.small,
-                None if m.sparse is None else m.sparse.tolist()) for m in result.members]
+                None if m.sparse is None else m.sparse.tolist()) for m in records]
     return members, result.warnings, result.error, result.cut
 
 
 def assert_alike(data: bytes, chunks=CHUNKS) -> tuple:
     want = scanned(PLAIN.scan(MemorySource(data)))
     for chunk in chunks:
-        got = scanned(TarFormat(chunk=chunk).scan(MemorySource(data)))
-        assert got == want, f"chunk {chunk}"
+        for columns in (False, True):
+            got = scanned(TarFormat(chunk=chunk).scan(MemorySource(data), columns=columns))
+            assert got == want, f"chunk {chunk}, columns={columns}"
     return want
 
 
@@ -115,7 +120,7 @@ CRAFTED = {
 
 @pytest.mark.parametrize("name", list(CRAFTED))
 def test_crafted_headers_scan_alike(name):
-    members, warnings, error, cut = assert_alike(CRAFTED[name], CHUNKS + [2048, 2560, 3072])
+    members, _, error, _ = assert_alike(CRAFTED[name], CHUNKS + [2048, 2560, 3072])
     assert members or error, name
 
 
@@ -150,7 +155,7 @@ def test_damaged_archives_scan_alike(seeds, pick, plan, chunk):
     data, headers = seeds[pick % len(seeds)]
     damaged = mutate(data, headers, plan)
     want = scanned(PLAIN.scan(MemorySource(damaged)))
-    assert scanned(TarFormat(chunk=chunk).scan(MemorySource(damaged))) == want
+    assert scanned(TarFormat(chunk=chunk).scan(MemorySource(damaged), columns=chunk > 2000)) == want
 
 
 @settings(max_examples=100, **FUZZ)
@@ -170,4 +175,57 @@ def test_tarfile_archives_scan_alike(files, fmt, chunk):
                 continue
     data = out.getvalue()
     want = scanned(PLAIN.scan(MemorySource(data)))
-    assert scanned(TarFormat(chunk=chunk).scan(MemorySource(data))) == want
+    assert scanned(TarFormat(chunk=chunk).scan(MemorySource(data), columns=chunk > 2000)) == want
+
+
+def indexed(path, monkeypatch, compiled: bool) -> tuple:
+    """Everything shard_index.build records of a shard, built with or without the compiled scanner
+    (its columns indexed by index/plain.py where every member is plain)."""
+    with monkeypatch.context() as m:
+        m.setattr(tar.FORMAT, "compiled", compiled)
+        ix = shard_index.build(str(path))
+    arrays = [ix.name_end, ix.kind, ix.offset, ix.size, ix.mode, ix.mtime, ix.hash, ix.parent, ix.cls_member, ix.cls_value]
+    return (ix.names, [(a.dtype.str, a.tolist()) for a in arrays], list(ix.dirs), ix.symlinks,
+            {k: v.tolist() for k, v in ix.sparse.items()}, ix.warnings, ix.error)
+
+
+PLAIN_SHARDS = {
+    "gnu-dot-slash": archive(member(b"./", typeflag=b"5"), member(b"./a/", typeflag=b"5"), member(b"./a/x.jpg", b"x" * 900),
+                             member(b"./a/y.cls", b"7"), member(b"./b/z.jpg", b"z")),
+    "webdataset-labels": archive(*(member(b"s%04d.%s" % (i, ext), data) for i in range(50)
+                                   for ext, data in ((b"jpg", b"j" * 3000), (b"cls", b"%d" % (i % 7)), (b"txt", b"t"))),
+                                 member(b"bad.cls", b"not a number")),
+    "twice": archive(member(b"a/x", b"1"), member(b"a/x", b"2")),
+    "file-then-folder": archive(member(b"a", b"file"), member(b"a/x", b"under a file")),
+    "folder-then-file": archive(member(b"a/x", b"1"), member(b"a", b"over a full folder")),
+    "links": CRAFTED["links"],
+    "file-named-dot": archive(member(b".", b"dot"), member(b"ok", b"k")),
+    "denormal": archive(member(b"a//b", b"1"), member(b"/abs", b"2"), member(b"c/./d", b"3")),
+    "root-entries": archive(member(b"/", typeflag=b"5"), member(b"..", typeflag=b"5"), member(b"k", b"k")),
+    "long-component": archive(member(b"d/" + b"n" * 98, b"1")),
+    "mtime-far": archive(_with(header(b"far", 1), 136, b"77777777777\0") + b"1".ljust(512, b"\0")),
+}
+
+
+FROM_COLUMNS = {"gnu-dot-slash", "webdataset-labels", "long-component", "mtime-far", "root-entries"}  # the others: replay.py
+
+
+@pytest.mark.parametrize("name", list(PLAIN_SHARDS))
+def test_shards_index_alike_from_columns(name, tmp_path, monkeypatch):
+    path = tmp_path / "a.tar"
+    path.write_bytes(PLAIN_SHARDS[name])
+    found = []
+    members = plain.members
+    monkeypatch.setattr(plain, "members", lambda *a: found.append(members(*a)) or found[-1])
+    assert indexed(path, monkeypatch, True) == indexed(path, monkeypatch, False)
+    assert len(found) == 1 and (found[0] is not None) == (name in FROM_COLUMNS)
+
+
+def test_writer_and_edge_shards_index_alike(tree, tmp_path, monkeypatch):
+    paths = [p for name in ["gnutar-gnu", "gnutar-ustar", "bsdtar-ustar", "tarfile-gnu", "webdataset-tarwriter"]
+             if tar_corpus.missing_tool(name) is None for p in tar_corpus.build(name, tree, tmp_path / name).archives]
+    if tar_corpus.missing_tool("tar") is None:
+        paths += [p for case in tar_corpus.edge_cases(tmp_path / "edge") for p in case.archives]
+    assert len(paths) > 20
+    for path in paths:
+        assert indexed(path, monkeypatch, True) == indexed(path, monkeypatch, False), path

@@ -9,10 +9,11 @@
  * keep exactly its semantics. It also stops where the chunk ends (where a member's data goes past
  * the chunk, or a small member's data is not all in it).
  *
- * Returns (stop, reason, names, numbers, links): stop is where it stopped, as an offset into the
- * chunk (past its end when the last member's data goes on after it); reason is 0 where the chunk
- * ended, 1 before a header to read the plain way; numbers holds NFIELDS int64 per member (see
- * below), names and links the names (ustar prefix joined) and link targets back to back.
+ * Returns (stop, reason, names, numbers, links, smalls): stop is where it stopped, as an offset
+ * into the chunk (past its end when the last member's data goes on after it); reason is 0 where
+ * the chunk ended, 1 before a header to read the plain way; numbers holds NFIELDS int64 per member
+ * (see below); names, links and smalls hold back to back the names (ustar prefix joined), link
+ * targets and the data of files of at most small_max bytes (kept: labels).
  * The parse runs without the GIL (the chunk is an immutable bytes object the call holds).
  *
  * Limited API (3.10): one abi3 build serves every Python from 3.10. */
@@ -25,8 +26,13 @@
 #include <string.h>
 
 #define BLOCK 512
-/* per member: name end, kind, data offset, size, mode, mtime, link end */
-enum { F_NAME_END, F_KIND, F_OFFSET, F_SIZE, F_MODE, F_MTIME, F_LINK_END, NFIELDS };
+/* per member: name end, where its normal form starts and ends in it (see normal_span), kind,
+ * data offset, size, mode, mtime, link end, kept data end */
+enum { F_NAME_END, F_NORM_START, F_NORM_END, F_KIND, F_OFFSET, F_SIZE, F_MODE, F_MTIME, F_LINK_END, F_SMALL_END,
+       NFIELDS };
+enum { NOT_NORMAL = -1, ROOT = -2 };
+#define MAX_NAME 255 /* names.py */
+#define MAX_PATH 4095
 enum { KIND_FILE = 0, KIND_DIR = 1, KIND_SYMLINK = 2, KIND_HARDLINK = 3 }; /* formats.base.Kind */
 enum { STOP_CHUNK_END = 0, STOP_PLAIN_WAY = 1 };
 
@@ -101,9 +107,41 @@ static int checksum_ok(const unsigned char *h) {
     return want == (int64_t)unsigned_sum || want == signed_sum;
 }
 
+/* Where a name's normal form (names.normalise) lies in it, when that is a slice: after leading
+ * "./" and before one trailing "/", with no empty, "." or ".." component, none longer than
+ * MAX_NAME. *start is NOT_NORMAL for any other name (Python normalises it), ROOT for one of dots
+ * and slashes alone ("./": replay.py leaves such a folder out). */
+static void normal_span(const unsigned char *name, size_t len, int64_t *start, int64_t *end) {
+    size_t at = 0, stop = len, dots = 0;
+    while (dots < len && (name[dots] == '.' || name[dots] == '/'))
+        dots++;
+    *start = len && dots == len ? ROOT : NOT_NORMAL; /* "./", "/", "..": the root, for a folder */
+    *end = 0;
+    if (*start == ROOT)
+        return;
+    while (at + 2 <= len && name[at] == '.' && name[at + 1] == '/')
+        at += 2;
+    if (stop > at && name[stop - 1] == '/')
+        stop--;
+    if (at == stop || stop - at > MAX_PATH)
+        return;
+    size_t part = at;
+    for (size_t i = at; i <= stop; i++) {
+        if (i < stop && name[i] != '/')
+            continue;
+        size_t n = i - part;
+        if (n == 0 || n > MAX_NAME || (n == 1 && name[part] == '.') ||
+            (n == 2 && name[part] == '.' && name[part + 1] == '.'))
+            return;
+        part = i + 1;
+    }
+    *start = (int64_t)at;
+    *end = (int64_t)stop;
+}
+
 /* Parses from chunk[pos]; returns the reason it stopped and sets *stop. */
 static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t base, int64_t shard_size,
-                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, size_t *stop, int *failed) {
+                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, size_t *stop, int *failed) {
     /* headers beyond the shard's end (a chunk is never longer than the shard) are not read */
     size_t limit = len;
     if (shard_size - base < (int64_t)limit)
@@ -143,23 +181,29 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         if (kind == KIND_FILE && size <= small_max && data_at + size > base + (int64_t)len)
             return STOP_CHUNK_END; /* its data (kept, see tar.py) is not all in this chunk */
 
+        size_t name_at = names->len;
         if (prefix_len && (buf_add(names, h + 345, prefix_len) || buf_add(names, "/", 1))) {
             *failed = 1;
             return STOP_PLAIN_WAY;
         }
         size_t link_len = (kind == KIND_SYMLINK || kind == KIND_HARDLINK) ? field_len(h + 157, 100) : 0;
+        int small = kind == KIND_FILE && size <= small_max;
+        if (buf_add(names, h, name_len) || buf_add(links, h + 157, link_len) ||
+            (small && buf_add(smalls, chunk + (data_at - base), (size_t)size))) {
+            *failed = 1;
+            return STOP_PLAIN_WAY;
+        }
         int64_t row[NFIELDS];
+        normal_span((const unsigned char *)names->data + name_at, names->len - name_at, &row[F_NORM_START],
+                    &row[F_NORM_END]);
         row[F_KIND] = kind;
         row[F_OFFSET] = kind == KIND_FILE ? data_at : 0;
         row[F_SIZE] = kind == KIND_FILE ? size : kind == KIND_SYMLINK ? (int64_t)link_len : 0;
         row[F_MODE] = mode & 07777;
         row[F_MTIME] = mtime;
-        if (buf_add(names, h, name_len) || buf_add(links, h + 157, link_len)) {
-            *failed = 1;
-            return STOP_PLAIN_WAY;
-        }
         row[F_NAME_END] = (int64_t)names->len;
         row[F_LINK_END] = (int64_t)links->len;
+        row[F_SMALL_END] = small ? (int64_t)smalls->len : -1;
         if (buf_add(numbers, row, sizeof row)) {
             *failed = 1;
             return STOP_PLAIN_WAY;
@@ -182,20 +226,22 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "start outside the chunk");
         return NULL;
     }
-    Buf names = {0}, numbers = {0}, links = {0};
+    Buf names = {0}, numbers = {0}, links = {0}, smalls = {0};
     size_t stop = 0;
     int failed = 0, reason;
     Py_BEGIN_ALLOW_THREADS
     reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
-                   &names, &numbers, &links, &stop, &failed);
+                   &names, &numbers, &links, &smalls, &stop, &failed);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (failed)
         PyErr_NoMemory();
     else
-        result = Py_BuildValue("(niy#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
+        result = Py_BuildValue("(niy#y#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
                                (Py_ssize_t)names.len, numbers.data ? numbers.data : "", (Py_ssize_t)numbers.len,
-                               links.data ? links.data : "", (Py_ssize_t)links.len);
+                               links.data ? links.data : "", (Py_ssize_t)links.len, smalls.data ? smalls.data : "",
+                               (Py_ssize_t)smalls.len);
+    free(smalls.data);
     free(names.data);
     free(numbers.data);
     free(links.data);
@@ -203,7 +249,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links)."},
+    {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls)."},
     {NULL, NULL, 0, NULL},
 };
 

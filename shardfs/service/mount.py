@@ -108,7 +108,7 @@ def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple
         return _wait_lines(child, fd, stall_timeout, bar)
 
 
-def _wait_lines(child: subprocess.Popen, fd: int, stall_timeout: float, bar: "_IndexBar") -> tuple[dict | None, str]:
+def _wait_lines(child: subprocess.Popen, fd: int, stall_timeout: float, bar: _IndexBar) -> tuple[dict | None, str]:
     last, pending = "starting", b""
     deadline = time.monotonic() + stall_timeout
     while True:

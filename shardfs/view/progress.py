@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from shardfs.storage.base import is_url
 
