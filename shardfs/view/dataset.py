@@ -6,8 +6,10 @@ and by the commands that work without mounting (index, ls).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,6 +75,20 @@ class Dataset:
         self._layouts: dict[str, DataLayout] = {}
 
 
+def _die_with_parent(parent: int) -> None:
+    """A build worker ends with the daemon: killed mid-build (stopped, unmounted by its service),
+    it would leave its workers waiting forever on their queue."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        return
+    if os.getppid() != parent:  # it died before we asked
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _load_or_build(args):
     path, index_dir, rebuild, columns = args
     try:
@@ -118,7 +134,8 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs)))
     elif workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool:
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs, chunksize=1)))
     else:
         collect(zip(todo, map(_load_or_build, jobs)))
