@@ -390,7 +390,7 @@ class Run:
             state = f"reused (generated {info['when']})" if info["reused"] else "generated now"
             log(f"  {part}: {state} in {info['seconds']:.1f} s ({info['seconds_with_sync']:.1f} s with sync)")
         generate(self.work, "tiny", 100, 2, 10, a.seed, a.min_size, a.max_size, 1, plain=False)
-        self.squashfs = make_squashfs(self.plain_dir) if "squash" in a.methods else None
+        self.squashfs = make_squashfs(self.plain_dir) if "squash" in a.methods and not a.skip_reads else None
         self.R.update(generation=gen, shard_bytes=sum(os.path.getsize(os.path.join(self.shard_dir, n))
                                                       for n in os.listdir(self.shard_dir) if n.endswith(".tar")))
 

@@ -75,18 +75,23 @@ class Dataset:
         self._layouts: dict[str, DataLayout] = {}
 
 
-def _die_with_parent(parent: int) -> None:
+def _index_worker(parent: int) -> None:
     """A build worker ends with the daemon: killed mid-build (stopped, unmounted by its service),
-    it would leave its workers waiting forever on their queue."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: nothing to ask for
+    it would leave its workers waiting forever on their queue. And it keeps its scan's large
+    buffers on its heap: forked from the daemon, it inherits a fixed mmap threshold of 256 KiB
+    (service/daemon.py), under which every 4 MiB read of the scan would be mapped afresh and its
+    pages faulted in again (measured: 25x the page faults, 1.5-1.8x the time)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(libc, "mallopt"):  # glibc
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+    if not hasattr(libc, "prctl"):  # not Linux
         return
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before we asked
         os._exit(1)
 
 
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG, _M_MMAP_THRESHOLD = 1, -3
 
 
 def _load_or_build(args):
@@ -134,7 +139,7 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs)))
     elif workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_die_with_parent,
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_index_worker,
                                  initargs=(os.getpid(),)) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs, chunksize=1)))
     else:
