@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import tarfile
 
+import numpy as np
 import pytest
 import tar_corpus
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from tarcraft import _fix_checksum, archive, header, member
 from test_fuzz_tar_writers import FUZZ, MemorySource, _header_offsets, edits, mutate
 
 from shardfs.formats import tar
+from shardfs.formats import tarcolumns
 from shardfs.formats.tar import TarFormat
 from shardfs.index import plain, shard_index
 
@@ -229,3 +231,21 @@ def test_writer_and_edge_shards_index_alike(tree, tmp_path, monkeypatch):
     assert len(paths) > 20
     for path in paths:
         assert indexed(path, monkeypatch, True) == indexed(path, monkeypatch, False), path
+
+
+@settings(max_examples=200, **FUZZ)
+@given(names=st.lists(st.lists(st.binary(min_size=1, max_size=60).filter(lambda p: b"/" not in p and b"\0" not in p),
+                               min_size=1, max_size=4).map(b"/".join).filter(lambda n: len(n) <= 100),
+                      min_size=1, max_size=20, unique=True))
+def test_the_scanner_hashes_names_as_path_hash(names):
+    """The path hash the compiled scanner gives each normal name is shard_index.path_hash of it
+    (BLAKE2b in C: names across its 128-byte blocks too)."""
+    result = TarFormat().scan(MemorySource(archive(*(member(n, b"x") for n in names))), columns=True)
+    assert result.columns is not None
+    rows = result.columns.rows
+    normal = rows[:, tarcolumns.NORM_START] >= 0
+    begins = np.concatenate([[0], rows[:-1, tarcolumns.NAME_END]])
+    for row, begin in zip(rows[normal], begins[normal]):
+        name = result.columns.names[begin + row[tarcolumns.NORM_START] : begin + row[tarcolumns.NORM_END]]
+        assert int(row[tarcolumns.HASH:tarcolumns.HASH + 1].view(np.uint64)[0]) == shard_index.path_hash(name)
+    assert normal.sum() >= len([n for n in names if not n.startswith(b".") and b"/." not in n])

@@ -27,9 +27,9 @@
 
 #define BLOCK 512
 /* per member: name end, where its normal form starts and ends in it (see normal_span), kind,
- * data offset, size, mode, mtime, link end, kept data end */
+ * data offset, size, mode, mtime, link end, kept data end, the normal form's path hash */
 enum { F_NAME_END, F_NORM_START, F_NORM_END, F_KIND, F_OFFSET, F_SIZE, F_MODE, F_MTIME, F_LINK_END, F_SMALL_END,
-       NFIELDS };
+       F_HASH, NFIELDS };
 enum { NOT_NORMAL = -1, ROOT = -2 };
 #define MAX_NAME 255 /* names.py */
 #define MAX_PATH 4095
@@ -105,6 +105,79 @@ static int checksum_ok(const unsigned char *h) {
     unsigned_sum += 8 * ' ';
     int64_t signed_sum = (int64_t)unsigned_sum - 256 * (int64_t)high;
     return want == (int64_t)unsigned_sum || want == signed_sum;
+}
+
+/* index/shard_index.path_hash: BLAKE2b (RFC 7693) with an 8-byte digest, read little-endian:
+ * h[0] after the last block. Computed here for each normal name, as the scan has it at hand. */
+static const uint64_t IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+                               0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                               0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static const uint8_t SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+};
+
+static inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+#define G(a, b, c, d, x, y)                                                                                    \
+    do {                                                                                                       \
+        v[a] = v[a] + v[b] + (x);                                                                              \
+        v[d] = rotr(v[d] ^ v[a], 32);                                                                          \
+        v[c] = v[c] + v[d];                                                                                    \
+        v[b] = rotr(v[b] ^ v[c], 24);                                                                          \
+        v[a] = v[a] + v[b] + (y);                                                                              \
+        v[d] = rotr(v[d] ^ v[a], 16);                                                                          \
+        v[c] = v[c] + v[d];                                                                                    \
+        v[b] = rotr(v[b] ^ v[c], 63);                                                                          \
+    } while (0)
+
+static void compress(uint64_t h[8], const unsigned char block[128], uint64_t counter, int last) {
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 16; i++) {
+        uint64_t word = 0;
+        for (int k = 7; k >= 0; k--)
+            word = word << 8 | block[8 * i + k];
+        m[i] = word;
+    }
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = IV[i];
+    }
+    v[12] ^= counter;
+    if (last)
+        v[14] = ~v[14];
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = SIGMA[r];
+        G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++)
+        h[i] ^= v[i] ^ v[i + 8];
+}
+
+static uint64_t path_hash(const unsigned char *data, size_t len) {
+    uint64_t h[8];
+    memcpy(h, IV, sizeof h);
+    h[0] ^= 0x01010000ULL ^ 8; /* no key, 8-byte digest */
+    size_t done = 0;
+    while (len - done > 128) {
+        compress(h, data + done, done + 128, 0);
+        done += 128;
+    }
+    unsigned char last[128] = {0};
+    memcpy(last, data + done, len - done);
+    compress(h, last, len, 1);
+    return h[0];
 }
 
 /* Where a name's normal form (names.normalise) lies in it, when that is a slice: after leading
@@ -204,6 +277,11 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         row[F_NAME_END] = (int64_t)names->len;
         row[F_LINK_END] = (int64_t)links->len;
         row[F_SMALL_END] = small ? (int64_t)smalls->len : -1;
+        uint64_t hash = row[F_NORM_START] >= 0 ? path_hash((const unsigned char *)names->data + name_at +
+                                                               row[F_NORM_START],
+                                                           (size_t)(row[F_NORM_END] - row[F_NORM_START]))
+                                               : 0;
+        memcpy(&row[F_HASH], &hash, sizeof hash);
         if (buf_add(numbers, row, sizeof row)) {
             *failed = 1;
             return STOP_PLAIN_WAY;

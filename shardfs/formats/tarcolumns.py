@@ -12,9 +12,10 @@ import numpy as np
 from shardfs.formats.base import Kind, MemberRecord
 
 # One row of int64 per member, as _tarscan.c lays it out: where its name, link target and kept
-# data end in the blobs; where its normal form (names.normalise) lies in its name; the rest.
-(NAME_END, NORM_START, NORM_END, KIND, OFFSET, SIZE, MODE, MTIME, LINK_END, SMALL_END) = range(10)
-NFIELDS = 10
+# data end in the blobs; where its normal form (names.normalise) lies in its name, and that
+# form's shard_index.path_hash (its bits: view as uint64); the rest.
+(NAME_END, NORM_START, NORM_END, KIND, OFFSET, SIZE, MODE, MTIME, LINK_END, SMALL_END, HASH) = range(11)
+NFIELDS = 11
 NOT_NORMAL, ROOT = -1, -2  # NORM_START of a name to normalise in Python; of "./" and its kin
 _KINDS = tuple(Kind)
 
@@ -53,7 +54,7 @@ class MemberColumns:
     def records(self) -> Iterator[MemberRecord]:
         names, links, smalls = self.names, self.links, self.smalls
         name_at = link_at = small_at = 0
-        for name_end, _, _, kind, offset, size, mode, mtime, link_end, small_end in self.rows.tolist():
+        for name_end, _, _, kind, offset, size, mode, mtime, link_end, small_end, _ in self.rows.tolist():
             small = None
             if small_end >= 0:
                 small, small_at = smalls[small_at:small_end], small_end

@@ -13,6 +13,7 @@ import numpy as np
 
 from shardfs.formats.base import Kind
 from shardfs.formats.tarcolumns import (
+    HASH,
     KIND,
     MODE,
     MTIME,
@@ -34,11 +35,13 @@ class Members:
     """The columns a ShardIndex is made of (shard_index.build), however they were found."""
 
     def __init__(self, names: list[bytes], kind, offset, size, mode, mtime, cls_member, cls_value,
-                 symlinks: dict | None = None, sparse: dict | None = None, parents: list[bytes] | None = None):
+                 symlinks: dict | None = None, sparse: dict | None = None, parents: list[bytes] | None = None,
+                 hashes: np.ndarray | None = None):
         self.names, self.kind, self.offset, self.size, self.mode, self.mtime = names, kind, offset, size, mode, mtime
         self.cls_member, self.cls_value = cls_member, cls_value
         self.symlinks, self.sparse = symlinks or {}, sparse or {}
         self.parents = parents if parents is not None else [n.rpartition(b"/")[0] for n in names]
+        self.hashes = hashes  # shard_index.path_hash of each name, when the scanner gave them
 
 
 def members(columns: MemberColumns, cut: bytes | None) -> Members | None:
@@ -74,7 +77,8 @@ def members(columns: MemberColumns, cut: bytes | None) -> Members | None:
     cls_member, cls_value = _labels(columns, rows, names, files)
     # (the scanner gives folders offset and size 0)
     return Members(names, kind.astype(np.uint8), rows[:, OFFSET].copy(), rows[:, SIZE].copy(),
-                   rows[:, MODE].astype(np.uint16), mtime, cls_member, cls_value, parents=parents)
+                   rows[:, MODE].astype(np.uint16), mtime, cls_member, cls_value, parents=parents,
+                   hashes=rows[:, HASH].view(np.uint64).copy())
 
 
 def _labels(columns: MemberColumns, rows, names: list[bytes], files) -> tuple[np.ndarray, np.ndarray]:
