@@ -4,6 +4,8 @@
 Generates (or reuses) N tiny files with ImageNet-like paths, written as tar shards, as a plain
 directory and as a squashfs image of it, then measures through the real CLI:
 
+* a sequential read of every shard (4 MiB reads, page cache dropped): the baseline of issue 31's
+  index build (first mount minus remount) target, at most 1.2x it;
 * first mount (indexes built) and remount (indexes loaded) times, medians of --repeat runs;
 * the daemon's RSS after each (VmRSS / VmHWM from /proc/PID/status), minus the RSS of a daemon
   mounting a tiny dataset, per member; and the tree's own array bytes per member (in-process);
@@ -30,6 +32,8 @@ Run as root so the page cache can be dropped::
     python3 tools/bench_scale.py --shards 1000   # 1,000,000 files in 1,000 shards (~30 min on 2 cores
                                                  # once the dataset exists; its generation takes longer)
     python3 tools/bench_scale.py --files 20000 --shards 20 --sample 5000 --repeat 1 --workdir /tmp/bs-small
+    python3 tools/bench_scale.py --files 4000000 --shards 2000 --skip-reads  # mounts and memory only (no
+                                                 # plain tree: 4.5 GB of tar, written in ~3 min)
 
 The dataset stays in --workdir (default /tmp/shardfs-bench-scale: ~1.2 GB of tar + 1M small files
 + their squashfs image) and is reused by the next run with the same parameters; an interrupted
