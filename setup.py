@@ -1,6 +1,7 @@
-"""The compiled request loop (shardfs/fuse/lowlevel/*.c): built by pip install with a C compiler and
-Python's headers alone. It declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and
-binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither.
+"""The compiled request loop (shardfs/fuse/lowlevel/*.c) and the tar scanner's fast path
+(shardfs/formats/_tarscan.c): built by pip install with a C compiler and Python's headers alone.
+The loop declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and binds the node's
+libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither.
 
 The package's long description (what PyPI shows) is README.md with its relative links made
 absolute against the repository named once in pyproject.toml's [project.urls]: relative links
@@ -57,4 +58,9 @@ setup(long_description=long_description(), long_description_content_type="text/m
     # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
     # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
     extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
+), Extension(
+    "shardfs.formats._tarscan",
+    sources=["shardfs/formats/_tarscan.c"],
+    py_limited_api=True,  # the file defines Py_LIMITED_API (3.10)
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
 )])

@@ -20,6 +20,7 @@ from shardfs.index import shard_index as index
 from shardfs.pack.verify import verify
 from shardfs.view import dataset, layouts, reader
 from tar_corpus import reference_entries, served_entries
+from tarcraft import archive, member
 
 TARGET = 0.98
 
@@ -80,6 +81,20 @@ def test_names_are_normalised_as_tar_does(suite):
     assert served[b"abs/x.txt"][0] == served[b"two/slashes.txt"][0] == served[b"a/b/c.txt"][0] == "file"
     assert b"up.txt" not in served and b"down.txt" not in served and b"a/down.txt" not in served
     assert "../up.txt refused: name climbs out of the tree" in notes
+
+
+def test_names_that_climb_are_refused_as_gnu_tar_refuses_them(tmp_path):
+    """`folder/../ufo` or `../root/bar`: GNU tar names them without the climbing part in its
+    listing ("Removing leading `folder/../'"), but since 1.29 (CVE-2016-6321) `tar -x` extracts
+    none of them ("Member name contains '..'"); nor does the mount, naming each."""
+    shard = tmp_path / "a.tar"
+    shard.write_bytes(archive(member(b"folder/../ufo", b"ufo\n"), member(b"../root/bar", b"bar\n"),
+                              member(b"a/../../b/c", b"c\n"), member(b"kept.txt", b"kept\n")))
+    case = tar_corpus.Case("climbing", [shard], tar_corpus.extract([shard], tmp_path / "reference"))
+    served, notes = served_entries(case)
+    assert served == reference_entries(case.reference) == {b"kept.txt": ("file", tar_corpus.sha256(b"kept\n"))}
+    for name in ["folder/../ufo", "../root/bar", "a/../../b/c"]:
+        assert f"a.tar: member {name} refused: name climbs out of the tree (..)" in notes
 
 
 def test_damage_is_one_line_with_the_offset(suite):

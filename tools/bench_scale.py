@@ -4,6 +4,8 @@
 Generates (or reuses) N tiny files with ImageNet-like paths, written as tar shards, as a plain
 directory and as a squashfs image of it, then measures through the real CLI:
 
+* a sequential read of every shard (4 MiB reads, page cache dropped): the baseline of issue 31's
+  index build (first mount minus remount) target, at most 1.2x it;
 * first mount (indexes built) and remount (indexes loaded) times, medians of --repeat runs;
 * the daemon's RSS after each (VmRSS / VmHWM from /proc/PID/status), minus the RSS of a daemon
   mounting a tiny dataset, per member; and the tree's own array bytes per member (in-process);
@@ -30,6 +32,8 @@ Run as root so the page cache can be dropped::
     python3 tools/bench_scale.py --shards 1000   # 1,000,000 files in 1,000 shards (~30 min on 2 cores
                                                  # once the dataset exists; its generation takes longer)
     python3 tools/bench_scale.py --files 20000 --shards 20 --sample 5000 --repeat 1 --workdir /tmp/bs-small
+    python3 tools/bench_scale.py --files 4000000 --shards 2000 --skip-reads  # mounts and memory only (no
+                                                 # plain tree: 4.5 GB of tar, written in ~3 min)
 
 The dataset stays in --workdir (default /tmp/shardfs-bench-scale: ~1.2 GB of tar + 1M small files
 + their squashfs image) and is reused by the next run with the same parameters; an interrupted
@@ -385,12 +389,12 @@ class Run:
         a = self.a
         log(f"dataset {self.name}: generating or reusing")
         self.lay, gen = generate(self.work, self.name, a.files, a.shards, a.classes, a.seed, a.min_size, a.max_size,
-                                 a.gen_workers)
+                                 a.gen_workers, plain=not a.skip_reads)  # the plain tree: for the reads alone
         for part, info in gen.items():
             state = f"reused (generated {info['when']})" if info["reused"] else "generated now"
             log(f"  {part}: {state} in {info['seconds']:.1f} s ({info['seconds_with_sync']:.1f} s with sync)")
         generate(self.work, "tiny", 100, 2, 10, a.seed, a.min_size, a.max_size, 1, plain=False)
-        self.squashfs = make_squashfs(self.plain_dir) if "squash" in a.methods else None
+        self.squashfs = make_squashfs(self.plain_dir) if "squash" in a.methods and not a.skip_reads else None
         self.R.update(generation=gen, shard_bytes=sum(os.path.getsize(os.path.join(self.shard_dir, n))
                                                       for n in os.listdir(self.shard_dir) if n.endswith(".tar")))
 
@@ -425,6 +429,22 @@ class Run:
                 f"{st['indexes_built']} built, {removed} old indexes removed), RSS {mb(m['proc']['VmRSS'])} MB, "
                 f"HWM {mb(m['proc']['VmHWM'])} MB, unmount {m['unmount_s']:.2f} s")
         self.R[f"{kind}_mount"] = runs
+
+    def sequential(self) -> None:
+        """The baseline of a first mount: every shard read front to back once, in 4 MiB reads (what
+        storage gives a scan that keeps up with it), page cache dropped first like the mounts."""
+        runs = []
+        paths = sorted(os.path.join(self.shard_dir, n) for n in os.listdir(self.shard_dir) if n.endswith(".tar"))
+        for i in range(self.a.repeat):
+            others = self.before_timing()
+            t = time.perf_counter()
+            for path in paths:
+                with open(path, "rb", buffering=0) as f:
+                    while f.read(4 << 20):
+                        pass
+            runs.append({"seconds": time.perf_counter() - t, "others": others.done()})
+            log(f"sequential read of the shards {i + 1}/{self.a.repeat}: {runs[-1]['seconds']:.2f} s")
+        self.R["sequential_read"] = runs
 
     def arrays(self) -> None:
         self.R["arrays"] = arrays = tree_array_bytes(self.shard_dir, self.index_dir)
@@ -497,6 +517,9 @@ def mount_rows(R: dict, args) -> list[tuple[str, str, str]]:
     hwm = {k: median(m["proc"]["VmHWM"] for m in runs) for k, runs in (("first", first), ("remount", remount))}
     R["bytes_per_member"] = bpm = {k: (rss[k] - tiny[k]) / N for k in rss}
     rebuild = [x["seconds"] for x in R["index_rebuild"]]
+    seq = [x["seconds"] for x in R["sequential_read"]]
+    # issue 31: the index build (first mount minus a remount, medians) over a sequential read
+    R["build_over_sequential"] = (median(f_s) - median(r_s)) / median(seq)
     cache_note = "page cache dropped before each" if R["cold_mounts"] else "page cache warm"
     gen = R["generation"]
     rows = [("files / shards / class folders", f"{N:,} / {args.shards} / {args.classes}",
@@ -507,6 +530,10 @@ def mount_rows(R: dict, args) -> list[tuple[str, str, str]]:
     rows += [
         ("first mount s (indexes built)", tables.cell(f_s, "{:.2f}"),
          f"daemon index {median(m['stats']['index_seconds'] for m in first):.2f} s; {cache_note}{disturbed(first)}"),
+        ("sequential read of the shards s", tables.cell(seq, "{:.2f}"),
+         f"4 MiB reads, one stream; {cache_note}{disturbed(R['sequential_read'])}"),
+        ("index build / sequential read", f"{R['build_over_sequential']:.2f}x",
+         "(first mount - remount) / sequential read, medians; issue 31's target: at most 1.2x"),
         ("remount s (indexes loaded)", tables.cell(r_s, "{:.2f}"),
          f"daemon index {median(m['stats']['index_seconds'] for m in remount):.2f} s{disturbed(remount)}"),
         ("daemon RSS MB first / remount", f"{mb(rss['first'])} / {mb(rss['remount'])}",
@@ -603,6 +630,15 @@ def report(R: dict, args, cmdline: str, mach: dict) -> None:
           f"{args.read_repeat}, {args.readers} readers, median [min-max] then the ratio to plain; listings: every "
           f"file; read passes: {sample}, the same for every method{budget}\n")
     tables.print_rows(R["table"])
+    a = tables.absolute
+    R["targets_31"] = [
+        a("index build (first mount - remount) <= 1.2x a sequential read", "shardfs", R["build_over_sequential"],
+          "<= 1.2", "x"),
+        a("remount <= 3 s", "shardfs", median(m["seconds"] for m in R["remount_mount"]), "<= 3", " s"),
+        a("daemon memory per member <= 120 B (RSS above a tiny mount)", "shardfs", max(R["bytes_per_member"].values()),
+          "<= 120", " B"),
+    ]
+    tables.print_targets(R["targets_31"], f"target (issue 31, {args.files:,} files)")
     if "reads" in R:
         rows, summ = read_rows(R)
         columns = [n for n, rs in R["reads"]["rounds"].items() if rs]
@@ -692,6 +728,7 @@ def main() -> int:
         try:
             run_.dataset()
             run_.tiny()
+            run_.sequential()
             run_.mount_phase("first")
             run_.mount_phase("remount")
             run_.arrays()

@@ -71,6 +71,9 @@ class ScanResult:
     # that name, so neither is served.
     cut: bytes | None = None
     classes: list[str] | None = None  # dataset files (datafile.py): the class names the file carries
+    # tar, scanned with columns=True: every member as the compiled scanner's columns
+    # (formats/tarcolumns.py), ``members`` then empty
+    columns: object | None = None
 
 
 class DataLayout(Protocol):

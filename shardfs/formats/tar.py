@@ -7,6 +7,11 @@ members before it were fine. Handles ustar, GNU (long names/links, base-256
 numbers, incremental dumpdirs, sparse files) and PAX (path, linkpath, size, mtime; sparse
 formats 0.0, 0.1 and 1.0; global headers).
 
+Plain headers (a regular file, folder or link; octal numbers; a good checksum) are parsed by a
+compiled fast path (``_tarscan.c``) many at a time, from large sequential reads; it stops before
+any other header, which is read here as before (the plain scanner, ``TarFormat(compiled=False)``,
+reads them all), so GNU, PAX, sparse and damaged archives are read alike either way.
+
 What GNU tar does with damage, the scan does too: a header with a bad checksum is skipped and the
 next block tried as a header ("Skipping to next header"); a zero block ends the archive; a member
 whose data the file cuts short is left out (tar -x writes part of it), and so is an earlier member
@@ -16,9 +21,28 @@ continuation of a file from another volume, devices) is left out with a warning 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shardfs.formats import sparse
-from shardfs.formats.base import (SMALL_DATA, AsStored, ByteSource, Kind, MemberRecord, ScanResult,
-                                  ShardFormatError, Window)
+from shardfs.formats.base import (
+    SMALL_DATA,
+    AsStored,
+    ByteSource,
+    Kind,
+    MemberRecord,
+    ScanResult,
+    ShardFormatError,
+    Window,
+)
+from shardfs.formats.tarcolumns import NFIELDS, MemberColumns
+from shardfs.storage.base import ShardIOError
+
+try:
+    from shardfs.formats import _tarscan
+except ImportError:  # a checkout whose extensions are not built: the plain scanner alone
+    _tarscan = None
+if _tarscan is not None and _tarscan.NFIELDS != NFIELDS:
+    _tarscan = None  # built from another version of _tarscan.c (build_ext again): not to be misread
 
 BLOCK = 512
 MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record (or a PAX 1.0 sparse map) larger than this is hostile
@@ -39,6 +63,12 @@ _SPARSE_0_0 = (b"GNU.sparse.offset", b"GNU.sparse.numbytes")  # PAX 0.0: a map a
 SKIP_READ = 1 << 20  # how much is read at once while skipping damage block by block
 _NO_CHECKSUM = bytes(8)  # a zero block's checksum field
 _OLD_SPARSE_AT, _OLD_SPARSE_ENTRIES, _EXT_SPARSE_ENTRIES = 386, 4, 21  # GNU 'S': map in the header, then blocks
+# The fast path reads this much at once, on from where it last read while what it skips is less
+# (one sequential stream, as the RAM cache loads a shard, not a seek per member).
+CHUNK = 4 << 20
+_PLAIN_WAY = 1  # _tarscan stopped before a header it leaves to the plain scanner
+# PAX global records that change how a plain header reads (sparse ones are tested apart)
+_GLOBAL_PLAIN = (b"path", b"linkpath", b"size", b"mtime")
 
 
 def _number(field: bytes) -> int:
@@ -190,17 +220,70 @@ def _sparse_map(win: Window, header: bytes, attrs: dict[bytes, bytes], old_map: 
     return sparse.runs(pairs, real_size, end - data_at), real_size, data_at
 
 
+def _fast(win: Window, pos: int, size: int, add: Callable[[MemberColumns], None], chunk_size: int) -> int:
+    """The plain headers from ``pos`` on, parsed by the compiled scanner in chunks read through
+    ``win`` and given to ``add`` a batch at a time; returns where the first header it leaves to
+    the plain scanner is (or the shard's end)."""
+    stalled = False  # the chunk ends inside the next header or a small member's data
+    while pos + BLOCK <= size:
+        end = win.start + len(win.buf)
+        if stalled or pos < win.start or pos + BLOCK > end:
+            if stalled and win.start == pos:
+                return pos  # a fresh chunk does not hold it either: the plain scanner reads it
+            at = end if end <= pos < end + chunk_size else pos
+            try:
+                chunk = win.src.pread(at, chunk_size)
+            except ShardIOError as exc:
+                if exc.unavailable:
+                    raise
+                return pos  # a bad spot: the plain scanner reads around it in small pieces
+            win.start, win.buf = at, chunk
+        base = win.start
+        stop, reason, *columns = _tarscan.scan(win.buf, pos - base, base, size, SMALL_DATA)
+        batch = MemberColumns.of(*columns)
+        if len(batch):
+            add(batch)
+        if reason == _PLAIN_WAY:
+            return base + stop
+        stalled, pos = base + stop == pos, base + stop
+    return pos
+
+
 class TarFormat(AsStored):
     name = "tar"
     suffixes = (".tar",)
+    gives_columns = True  # scan(columns=True): see tarcolumns.py
 
-    def scan(self, src: ByteSource) -> ScanResult:
+    def __init__(self, compiled: bool = True, chunk: int = CHUNK):
+        """``compiled=False``: the plain scanner alone (the reference the fast path is tested
+        against); ``chunk``: how much the fast path reads at once."""
+        self.compiled, self.chunk = compiled and _tarscan is not None, chunk
+
+    def scan(self, src: ByteSource, columns: bool = False) -> ScanResult:
+        """``columns``: where the compiled scanner reads every member, leave them as its columns
+        (``ScanResult.columns``, ``members`` empty) rather than make a record of each."""
         result = ScanResult(members=[], warnings=[])
         skipped: list[list[int]] = []  # [offset, blocks] of each run of headers with a bad checksum
+        batches: list[MemberColumns] = []  # the compiled scanner's, while no other member came
+
+        def add_batch(batch: MemberColumns) -> None:
+            if columns and not result.members:
+                batches.append(batch)
+            else:
+                result.members.extend(batch.records())
+
+        def add(record: MemberRecord) -> None:
+            if batches:  # in archive order
+                result.members.extend(MemberColumns.join(batches).records())
+                batches.clear()
+            result.members.append(record)
+
         try:
-            self._scan(Window(src), src.size, result, skipped)
+            self._scan(Window(src), src.size, add, add_batch, result, skipped)
         except ShardFormatError as exc:
             result.error = str(exc)
+        if batches:
+            result.columns = MemberColumns.join(batches)
         if skipped:
             at, blocks = skipped[0]
             note = (f"{'not a tar archive' if at == 0 else 'damaged header'}: bad header checksum at offset {at}"
@@ -209,7 +292,8 @@ class TarFormat(AsStored):
             result.error = note + (f"; then {result.error}" if result.error else "")
         return result
 
-    def _scan(self, win: Window, size: int, result: ScanResult, skipped: list[list[int]]) -> None:
+    def _scan(self, win: Window, size: int, add: Callable[[MemberRecord], None],
+              add_batch: Callable[[MemberColumns], None], result: ScanResult, skipped: list[list[int]]) -> None:
         pos = 0
         pax_global: dict[bytes, bytes] = {}
         pax: dict[bytes, bytes] = {}
@@ -221,8 +305,14 @@ class TarFormat(AsStored):
         # Whether PAX records may mark the coming member (or all members) sparse: a substring test
         # on the records' bytes, so that the per-member dict walk is paid by sparse archives only.
         maybe_sparse = maybe_sparse_global = False
+        plain_globals = True  # no global record changes how a plain header reads
         try:
             while pos + BLOCK <= size:
+                if (self.compiled and plain_globals and not (pax or pax_0_0 or pending or continued or repeated)
+                        and long_name is None and long_link is None):
+                    pos = _fast(win, pos, size, add_batch, self.chunk)
+                    if pos + BLOCK > size:
+                        continue
                 header = win.get(pos, BLOCK)
                 if header.count(0) == BLOCK:
                     return  # end-of-archive marker
@@ -262,6 +352,7 @@ class TarFormat(AsStored):
                         # rest comes next; it describes that one member only.
                         continued = b"GNU.volume.offset" in records
                         pax_global.update(item for item in records.items() if not item[0].startswith(b"GNU.volume."))
+                        plain_globals = not maybe_sparse_global and not any(k in pax_global for k in _GLOBAL_PLAIN)
                     elif typeflag == b"L":
                         long_name = data.split(b"\0", 1)[0]
                     else:
@@ -326,19 +417,19 @@ class TarFormat(AsStored):
                         else:
                             small = sparse.read(runs, 0, real_size, lambda o, n: win.get(data_at + o, n)) \
                                 if real_size <= SMALL_DATA else None
-                            result.members.append(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime,
+                            add(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime,
                                                                small=small, sparse=runs))
                     else:
                         # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
                         small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
-                        result.members.append(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime,
+                        add(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime,
                                                            small=small))
                 elif typeflag in _DIRS or typeflag in _REGULAR:
-                    result.members.append(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
+                    add(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
                 elif typeflag == b"2":
-                    result.members.append(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
+                    add(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
                 elif typeflag == b"1":
-                    result.members.append(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
+                    add(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
                 elif typeflag in _SKIPPED:
                     shown = name.decode("utf-8", "backslashreplace")
                     result.warnings.append(f"member {shown}: {_SKIPPED[typeflag]}")

@@ -6,6 +6,7 @@ from shardfs.errors import ShardfsError
 
 MAX_NAME = 255  # NAME_MAX of Linux: a longer component cannot be looked up anyway
 MAX_PATH = 4095
+_SLASH, _DOT_SLASH = ord("/"), b"./"
 
 
 class BadName(ShardfsError, ValueError):
@@ -19,6 +20,9 @@ def normalise(raw: bytes) -> bytes:
     Names stay bytes end to end: a non-UTF-8 name is served as the same bytes
     (mfusepy decodes with surrogateescape), never mangled.
     """
+    if (raw and len(raw) <= MAX_NAME and raw[0] not in _DOT_SLASH and raw[-1] != _SLASH and b"//" not in raw
+            and b"/." not in raw and b"\0" not in raw):
+        return raw  # normal already (most names): the checks below would find nothing
     if b"\0" in raw:
         raise BadName("contains a NUL byte")
     parts = [p for p in raw.split(b"/") if p not in (b"", b".")]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardfs.index import fingerprint, labels
-from shardfs.index import names, replay
+from shardfs.index import plain, replay
 from shardfs.formats import DATA_FORMATS, ShardFormatError, format_for
 from shardfs.formats.datafile import Columns
 from shardfs.formats.base import Kind, ScanResult, Window
@@ -32,6 +32,12 @@ INDEX_SUFFIX = ".shardfs-idx"
 def path_hash(path: bytes) -> int:
     """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``)."""
     return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+def path_hashes(paths: list[bytes]) -> np.ndarray:
+    """path_hash of each, at once (a million names: a second less than one call each)."""
+    blake2b = hashlib.blake2b
+    return np.frombuffer(b"".join([blake2b(p, digest_size=8).digest() for p in paths]), "<u8").astype(np.uint64)
 
 
 class SplitOnUse(Sequence[bytes]):
@@ -108,14 +114,51 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         raise ValueError(f"{shard.path}: not a known shard type")
     data_file = fmt.name in DATA_FORMATS
     try:
-        result = fmt.scan(shard, columns) if data_file else fmt.scan(shard)
+        if data_file:
+            result = fmt.scan(shard, columns)
+        else:  # tar: its plain members as the compiled scanner's columns
+            result = fmt.scan(shard, columns=True) if getattr(fmt, "gives_columns", False) else fmt.scan(shard)
     except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
         result = ScanResult(members=[], warnings=[], error=str(exc))
     shown = shard.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
+    found = plain.members(result.columns, result.cut) if result.columns is not None else None
+    if found is None:
+        if result.columns is not None:
+            result.members = list(result.columns.records())
+        found = _replayed(shard, fmt, result, data_file, lambda line: warnings.append(f"{shown}: {line}"))
+    dir_ids = {folder: i for i, folder in enumerate(dict.fromkeys(found.parents))}
+    parent = np.fromiter(map(dir_ids.__getitem__, found.parents), np.uint32, len(found.parents))
+    return ShardIndex(
+        format=fmt.name,
+        shard_size=shard.size,
+        shard_mtime_ns=shard.mtime_ns,
+        shard_tag=getattr(shard, "tag", ""),
+        shard_fingerprint=fingerprint.of(shard),
+        names=b"".join(found.names),
+        name_end=np.cumsum([len(n) for n in found.names], dtype=np.int64),
+        kind=found.kind,
+        offset=found.offset,
+        size=found.size,
+        mode=found.mode,
+        mtime=found.mtime,
+        hash=found.hashes if found.hashes is not None else path_hashes(found.names),
+        parent=parent,
+        dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
+        symlinks=found.symlinks,
+        sparse=found.sparse,
+        warnings=warnings,
+        error=f"{shown}: {result.error}" if result.error else None,
+        cls_member=found.cls_member,
+        cls_value=found.cls_value,
+        classes=result.classes,
+        columns=str(columns) if data_file else "",
+    )
 
-    # Names vetted, members replayed as tar -x extracts them: later ones replace earlier ones.
-    members = replay.extracted(result.members, result.cut, lambda line: warnings.append(f"{shown}: {line}"))
+
+def _replayed(shard: Shard, fmt, result: ScanResult, data_file: bool, warn) -> plain.Members:
+    """The members as tar -x extracts them, names vetted (replay.py): later ones replace earlier ones."""
+    members = replay.extracted(result.members, result.cut, warn)
     offsets = np.array([rec.offset for rec in members], dtype=np.int64)
     sizes = np.array([rec.size for rec in members], dtype=np.int64)
     cls_member, cls_value = labels.no_labels()
@@ -127,37 +170,12 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         try:
             cls_member, cls_value = _read_labels(shard, fmt, members, wanted, offsets, sizes)
         except ShardFormatError as exc:
-            warnings.append(f"{shown}: cannot read its .cls labels: {exc}")
-    dir_ids: dict[bytes, int] = {}
-    parent = np.empty(len(members), dtype=np.uint32)
-    for i, rec in enumerate(members):
-        parent[i] = dir_ids.setdefault(names.parent_of(rec.path), len(dir_ids))
-    name_list = [rec.path for rec in members]
-    return ShardIndex(
-        format=fmt.name,
-        shard_size=shard.size,
-        shard_mtime_ns=shard.mtime_ns,
-        shard_tag=getattr(shard, "tag", ""),
-        shard_fingerprint=fingerprint.of(shard),
-        names=b"".join(name_list),
-        name_end=np.cumsum([len(n) for n in name_list], dtype=np.int64),
-        kind=np.array([rec.kind for rec in members], dtype=np.uint8),
-        offset=offsets,
-        size=sizes,
-        mode=np.array([rec.mode for rec in members], dtype=np.uint16),
-        mtime=np.array([rec.mtime for rec in members], dtype=np.float64),
-        hash=np.array([path_hash(n) for n in name_list], dtype=np.uint64),
-        parent=parent,
-        dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
-        symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
-        sparse={i: rec.sparse for i, rec in enumerate(members) if rec.sparse is not None},
-        warnings=warnings,
-        error=f"{shown}: {result.error}" if result.error else None,
-        cls_member=cls_member,
-        cls_value=cls_value,
-        classes=result.classes,
-        columns=str(columns) if data_file else "",
-    )
+            warn(f"cannot read its .cls labels: {exc}")
+    return plain.Members(
+        [rec.path for rec in members], np.array([rec.kind for rec in members], dtype=np.uint8), offsets, sizes,
+        np.array([rec.mode for rec in members], dtype=np.uint16), np.array([rec.mtime for rec in members], dtype=np.float64),
+        cls_member, cls_value, symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
+        sparse={i: rec.sparse for i, rec in enumerate(members) if rec.sparse is not None})
 
 
 def _read_labels(shard: Shard, fmt, members: list, wanted: list[int], offsets, sizes):

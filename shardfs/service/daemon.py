@@ -19,6 +19,8 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
+from shardfs.view.progress import IndexProgress
+from shardfs.view.progress import describe as describe_progress
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
@@ -125,31 +127,59 @@ class Daemon:
         self.columns = Columns.parse(cfg.columns)
 
     def serve(self) -> int:
-        # These load libfuse: keep `shardfs index` etc. usable without it.
-        from shardfs.fuse.ops import ShardFS
-        from shardfs.fuse.server import Server
-        from shardfs.fuse.table import Slots
+        """Mount and serve until unmounted, in the steps below."""
+        self._prepare_process()
+        self._start_peers()
+        view = self._open_view()
+        self._make_caches(view)
+        self._make_filesystem(view)
+        started = time.monotonic()
+        # Idle workers are never destroyed: a pool that shrinks after each burst creates new
+        # threads (and their Python thread states) for the next one.
+        if self.server.loop(MAX_THREADS, MAX_THREADS) > 0:
+            log.info("stopped by a signal")  # libfuse has unmounted: a clean stop
+        self._stop(time.monotonic() - started)
+        # Exit now, whatever is still under way: storage reads left on daemon threads (a peer's
+        # request, a disk-tier fill, on storage that does not answer) end with the process. So do
+        # the shards' descriptors: closing one that such a read still uses could give its number
+        # to another file.
+        return 0
 
+    def _prepare_process(self) -> None:
         _raise_fd_limit()
         _fixed_mmap_threshold()
-        opts = self.opts
         watchdog = self.notifier.watchdog_s
         if watchdog and watchdog < 2 * deadline.TIMEOUT:
             log.warning("the watchdog interval (%.0f s) is under twice the storage timeout (%.0f s, "
                         "SHARDFS_STORAGE_TIMEOUT): a storage outage may get the daemon killed", watchdog,
                         deadline.TIMEOUT)
+
+    def _start_peers(self) -> None:
+        opts = self.opts
         if opts.peers and len(opts.peers) > 1:  # listening first: a port in use stops the mount at once
             from shardfs.storage.peers.net import PeerNet
 
             self.peers = PeerNet(opts.peers, opts.peer_self)
+
+    def _open_view(self) -> datasets.Dataset:
+        """Find the shards, load or build their indexes (saying how far it is), merge the tree."""
+        opts = self.opts
         self._report("finding shards")
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
+                                     progress=IndexProgress(self._index_progress))
         self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
+        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
         _return_freed_memory()
+        return view
+
+    def _make_caches(self, view: datasets.Dataset) -> None:
+        """The RAM cache (its budget) and the disk tier, over the view's shards."""
+        from shardfs.fuse.table import Slots  # these load libfuse: `shardfs index` etc. work without it
+
+        opts = self.opts
         if opts.cache_size:
             budget, why = share_budget(opts.cache_size)
         else:
@@ -158,11 +188,11 @@ class Daemon:
         if self.remote:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
         loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
-        slots = Slots()
+        self.slots = Slots()
         owns = self.peers.owns if self.peers else None
         readers_first = ReadersFirst(loaders)  # readers' storage reads before the cache's loads and the tier's fills
-        self.disk = _disk_tier(opts, loaders, slots, owns, readers_first)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=slots,
+        self.disk = _disk_tier(opts, loaders, self.slots, owns, readers_first)
+        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
                                 keep_first=owns, readers_first=readers_first)
         if self.peers:
             self.peers.ready(self.cache.fetch, self.cache.loaded)
@@ -170,22 +200,25 @@ class Daemon:
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.pressure = PressureWatcher(self.cache)
         self.pressure.start()
+
+    def _make_filesystem(self, view: datasets.Dataset) -> None:
+        """The operations over the view and caches, and the FUSE session at the mountpoint."""
+        from shardfs.fuse.ops import ShardFS  # (libfuse, as above)
+        from shardfs.fuse.server import Server
+
+        opts = self.opts
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
                           on_destroy=lambda: self.notifier.send(stopping="1", status="unmounting"))
-        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
-
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount else []
-        self.server = Server(self.fs, slots, self.mountpoint, options)
+        self.server = Server(self.fs, self.slots, self.mountpoint, options)
         _return_freed_memory()
         self._listen_for_sighup()
-        started = time.monotonic()
-        # Idle workers are never destroyed: a pool that shrinks after each burst creates new
-        # threads (and their Python thread states) for the next one.
-        if self.server.loop(MAX_THREADS, MAX_THREADS) > 0:
-            log.info("stopped by a signal")  # libfuse has unmounted: a clean stop
+
+    def _stop(self, seconds: float) -> None:
+        """After the loop: stop what runs beside it, and log the summary."""
         self.notifier.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -193,12 +226,7 @@ class Daemon:
         if self.peers:
             self.peers.close()
         self.cache.close()
-        self._log_summary(time.monotonic() - started)
-        # Exit now, whatever is still under way: storage reads left on daemon threads (a peer's
-        # request, a disk-tier fill, on storage that does not answer) end with the process. So do
-        # the shards' descriptors: closing one that such a read still uses could give its number
-        # to another file.
-        return 0
+        self._log_summary(seconds)
 
     # ---- figures ------------------------------------------------------------
 
@@ -250,12 +278,19 @@ class Daemon:
 
     # ---- lifecycle ----------------------------------------------------------
 
-    def _report(self, step: str) -> None:
-        """Tell a waiting `shardfs mount` that we are getting on (it gives up on silence)."""
+    def _index_progress(self, figures: dict) -> None:
+        if figures["built"] or figures["shards"] < figures["of"]:  # a remount that loads them all: no lines
+            log.info("%s", describe_progress(figures))
+        self._report(f"indexed {figures['shards']}/{figures['of']} shards", figures)
+
+    def _report(self, step: str, index: dict | None = None) -> None:
+        """Tell a waiting `shardfs mount` that we are getting on (it gives up on silence);
+        ``index``: how far the index step is (progress.IndexProgress), shown on its terminal."""
         if self.ready_fd is None:
             return
         try:
-            os.write(self.ready_fd, json.dumps({"progress": step}).encode() + b"\n")
+            message = {"progress": step, **({"index": index} if index else {})}
+            os.write(self.ready_fd, json.dumps(message).encode() + b"\n")
         except OSError:
             pass  # `shardfs mount` is gone: nobody to tell
 

@@ -104,6 +104,11 @@ def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT) -> in
 def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple[dict | None, str]:
     """The daemon's ready line (its figures), or None and why not. Progress lines
     ({"progress": ...}) restart the clock; silence for ``stall_timeout`` seconds ends the wait."""
+    with _IndexBar() as bar:
+        return _wait_lines(child, fd, stall_timeout, bar)
+
+
+def _wait_lines(child: subprocess.Popen, fd: int, stall_timeout: float, bar: _IndexBar) -> tuple[dict | None, str]:
     last, pending = "starting", b""
     deadline = time.monotonic() + stall_timeout
     while True:
@@ -129,7 +134,35 @@ def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple
             if "progress" not in message:
                 return message, ""
             last = message["progress"]
+            if "index" in message:
+                bar.show(message["index"])
             deadline = time.monotonic() + stall_timeout
+
+
+class _IndexBar:
+    """How far the daemon's index build is, as a bar on a terminal (tqdm, as `pack` draws its own);
+    shown once an index is being built (a remount loads them at once and shows none)."""
+
+    def __init__(self):
+        self.bar = None
+
+    def show(self, f: dict) -> None:
+        if self.bar is None and not f["built"] and f["shards"] == f["of"]:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=f["of"], unit="shard", desc="indexing", disable=None, file=sys.stderr)
+        left = f" ~{f['seconds_left']:.0f} s left" if f["seconds_left"] is not None else ""
+        self.bar.n = f["shards"]
+        self.bar.set_postfix_str(f"{f['members']:,} members, {f['MBps']:.0f} MB/s{left}", refresh=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def daemon_pid(mountpoint: str) -> int | None:

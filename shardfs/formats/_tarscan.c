@@ -1,0 +1,343 @@
+/* The tar scanner's fast path: plain ustar/GNU headers parsed in C, many per call.
+ *
+ * scan(chunk, start, base, shard_size, small_max) parses headers from chunk[start:] (chunk[0] is
+ * at offset `base` of the shard) as long as each is one tar.py would read the plain way: a valid
+ * octal checksum; a regular file, folder, symlink or hard link; octal numbers only; the member
+ * whole within the shard. It stops before the first header that is anything else (an extended
+ * header, GNU long names, sparse, a bad checksum, a zero block, base-256 numbers, a truncated
+ * member...) and tar.py reads that one with its own code, so GNU, PAX, sparse and damaged archives
+ * keep exactly its semantics. It also stops where the chunk ends (where a member's data goes past
+ * the chunk, or a small member's data is not all in it).
+ *
+ * Returns (stop, reason, names, numbers, links, smalls): stop is where it stopped, as an offset
+ * into the chunk (past its end when the last member's data goes on after it); reason is 0 where
+ * the chunk ended, 1 before a header to read the plain way; numbers holds NFIELDS int64 per member
+ * (see below); names, links and smalls hold back to back the names (ustar prefix joined), link
+ * targets and the data of files of at most small_max bytes (kept: labels).
+ * The parse runs without the GIL (the chunk is an immutable bytes object the call holds).
+ *
+ * Limited API (3.10): one abi3 build serves every Python from 3.10. */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 512
+/* per member: name end, where its normal form starts and ends in it (see normal_span), kind,
+ * data offset, size, mode, mtime, link end, kept data end, the normal form's path hash */
+enum { F_NAME_END, F_NORM_START, F_NORM_END, F_KIND, F_OFFSET, F_SIZE, F_MODE, F_MTIME, F_LINK_END, F_SMALL_END,
+       F_HASH, NFIELDS };
+enum { NOT_NORMAL = -1, ROOT = -2 };
+#define MAX_NAME 255 /* names.py */
+#define MAX_PATH 4095
+enum { KIND_FILE = 0, KIND_DIR = 1, KIND_SYMLINK = 2, KIND_HARDLINK = 3 }; /* formats.base.Kind */
+enum { STOP_CHUNK_END = 0, STOP_PLAIN_WAY = 1 };
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buf;
+
+static int buf_add(Buf *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *grown = realloc(b->data, cap);
+        if (grown == NULL)
+            return -1;
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* tar.py's _number for octal fields: the text before the first NUL, spaces stripped at both ends,
+ * digits 0-7 only (empty: 0). -1 for anything else (base-256, other characters): the plain way. */
+static int64_t octal(const unsigned char *field, int width) {
+    int end = 0;
+    while (end < width && field[end] != 0)
+        end++;
+    int at = 0;
+    while (at < end && field[at] == ' ')
+        at++;
+    while (end > at && field[end - 1] == ' ')
+        end--;
+    int64_t value = 0;
+    for (; at < end; at++) {
+        if (field[at] < '0' || field[at] > '7')
+            return -1;
+        value = value * 8 + (field[at] - '0');
+    }
+    return value;
+}
+
+static size_t field_len(const unsigned char *field, size_t width) {
+    const unsigned char *nul = memchr(field, 0, width);
+    return nul ? (size_t)(nul - field) : width;
+}
+
+static int checksum_ok(const unsigned char *h) {
+    int64_t want = octal(h + 148, 8);
+    /* tar.py wants digits: an empty field (a zero block) is not a checksum */
+    if (want < 0)
+        return 0;
+    int has_digit = 0;
+    for (int i = 148; i < 156 && h[i]; i++)
+        has_digit |= h[i] != ' ';
+    if (!has_digit)
+        return 0;
+    /* the sums with the checksum field read as spaces; signed: bytes over 127 count 256 less */
+    uint32_t unsigned_sum = 0, high = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        unsigned_sum += h[i];
+        high += h[i] >> 7;
+    }
+    for (int i = 148; i < 156; i++) {
+        unsigned_sum -= h[i];
+        high -= h[i] >> 7;
+    }
+    unsigned_sum += 8 * ' ';
+    int64_t signed_sum = (int64_t)unsigned_sum - 256 * (int64_t)high;
+    return want == (int64_t)unsigned_sum || want == signed_sum;
+}
+
+/* index/shard_index.path_hash: BLAKE2b (RFC 7693) with an 8-byte digest, read little-endian:
+ * h[0] after the last block. Computed here for each normal name, as the scan has it at hand. */
+static const uint64_t IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+                               0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                               0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static const uint8_t SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+};
+
+static inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+#define G(a, b, c, d, x, y)                                                                                    \
+    do {                                                                                                       \
+        v[a] = v[a] + v[b] + (x);                                                                              \
+        v[d] = rotr(v[d] ^ v[a], 32);                                                                          \
+        v[c] = v[c] + v[d];                                                                                    \
+        v[b] = rotr(v[b] ^ v[c], 24);                                                                          \
+        v[a] = v[a] + v[b] + (y);                                                                              \
+        v[d] = rotr(v[d] ^ v[a], 16);                                                                          \
+        v[c] = v[c] + v[d];                                                                                    \
+        v[b] = rotr(v[b] ^ v[c], 63);                                                                          \
+    } while (0)
+
+static void compress(uint64_t h[8], const unsigned char block[128], uint64_t counter, int last) {
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 16; i++) {
+        uint64_t word = 0;
+        for (int k = 7; k >= 0; k--)
+            word = word << 8 | block[8 * i + k];
+        m[i] = word;
+    }
+    for (int i = 0; i < 8; i++) {
+        v[i] = h[i];
+        v[i + 8] = IV[i];
+    }
+    v[12] ^= counter;
+    if (last)
+        v[14] = ~v[14];
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *s = SIGMA[r];
+        G(0, 4, 8, 12, m[s[0]], m[s[1]]);
+        G(1, 5, 9, 13, m[s[2]], m[s[3]]);
+        G(2, 6, 10, 14, m[s[4]], m[s[5]]);
+        G(3, 7, 11, 15, m[s[6]], m[s[7]]);
+        G(0, 5, 10, 15, m[s[8]], m[s[9]]);
+        G(1, 6, 11, 12, m[s[10]], m[s[11]]);
+        G(2, 7, 8, 13, m[s[12]], m[s[13]]);
+        G(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    }
+    for (int i = 0; i < 8; i++)
+        h[i] ^= v[i] ^ v[i + 8];
+}
+
+static uint64_t path_hash(const unsigned char *data, size_t len) {
+    uint64_t h[8];
+    memcpy(h, IV, sizeof h);
+    h[0] ^= 0x01010000ULL ^ 8; /* no key, 8-byte digest */
+    size_t done = 0;
+    while (len - done > 128) {
+        compress(h, data + done, done + 128, 0);
+        done += 128;
+    }
+    unsigned char last[128] = {0};
+    memcpy(last, data + done, len - done);
+    compress(h, last, len, 1);
+    return h[0];
+}
+
+/* Where a name's normal form (names.normalise) lies in it, when that is a slice: after leading
+ * "./" and before one trailing "/", with no empty, "." or ".." component, none longer than
+ * MAX_NAME. *start is NOT_NORMAL for any other name (Python normalises it), ROOT for one of dots
+ * and slashes alone ("./": replay.py leaves such a folder out). */
+static void normal_span(const unsigned char *name, size_t len, int64_t *start, int64_t *end) {
+    size_t at = 0, stop = len, dots = 0;
+    while (dots < len && (name[dots] == '.' || name[dots] == '/'))
+        dots++;
+    *start = len && dots == len ? ROOT : NOT_NORMAL; /* "./", "/", "..": the root, for a folder */
+    *end = 0;
+    if (*start == ROOT)
+        return;
+    while (at + 2 <= len && name[at] == '.' && name[at + 1] == '/')
+        at += 2;
+    if (stop > at && name[stop - 1] == '/')
+        stop--;
+    if (at == stop || stop - at > MAX_PATH)
+        return;
+    size_t part = at;
+    for (size_t i = at; i <= stop; i++) {
+        if (i < stop && name[i] != '/')
+            continue;
+        size_t n = i - part;
+        if (n == 0 || n > MAX_NAME || (n == 1 && name[part] == '.') ||
+            (n == 2 && name[part] == '.' && name[part + 1] == '.'))
+            return;
+        part = i + 1;
+    }
+    *start = (int64_t)at;
+    *end = (int64_t)stop;
+}
+
+/* Parses from chunk[pos]; returns the reason it stopped and sets *stop. */
+static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t base, int64_t shard_size,
+                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, size_t *stop, int *failed) {
+    /* headers beyond the shard's end (a chunk is never longer than the shard) are not read */
+    size_t limit = len;
+    if (shard_size - base < (int64_t)limit)
+        limit = shard_size - base < 0 ? 0 : (size_t)(shard_size - base);
+    for (;;) {
+        *stop = pos;
+        if (pos + BLOCK > limit)
+            return STOP_CHUNK_END;
+        const unsigned char *h = chunk + pos;
+        if (!checksum_ok(h))
+            return STOP_PLAIN_WAY;
+        unsigned char type = h[156];
+        int64_t size = octal(h + 124, 12), mode = octal(h + 100, 8), mtime = octal(h + 136, 12);
+        if (size < 0 || mode < 0 || mtime < 0)
+            return STOP_PLAIN_WAY;
+        int64_t data_at = base + (int64_t)pos + BLOCK;
+        int64_t next = data_at + (size + BLOCK - 1) / BLOCK * BLOCK;
+        if (next > shard_size)
+            return STOP_PLAIN_WAY; /* truncated: tar.py says what it cuts */
+
+        size_t name_len = field_len(h, 100);
+        int ustar_prefix = memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0;
+        size_t prefix_len = ustar_prefix ? field_len(h + 345, 155) : 0;
+        int kind;
+        if (type == '0' || type == 0 || type == '7') {
+            /* an old-style folder: a regular member whose (joined) name ends in "/" */
+            int slash = name_len ? h[name_len - 1] == '/' : prefix_len != 0;
+            kind = slash ? KIND_DIR : KIND_FILE;
+        } else if (type == '5')
+            kind = KIND_DIR;
+        else if (type == '2')
+            kind = KIND_SYMLINK;
+        else if (type == '1')
+            kind = KIND_HARDLINK;
+        else
+            return STOP_PLAIN_WAY;
+        if (kind == KIND_FILE && size <= small_max && data_at + size > base + (int64_t)len)
+            return STOP_CHUNK_END; /* its data (kept, see tar.py) is not all in this chunk */
+
+        size_t name_at = names->len;
+        if (prefix_len && (buf_add(names, h + 345, prefix_len) || buf_add(names, "/", 1))) {
+            *failed = 1;
+            return STOP_PLAIN_WAY;
+        }
+        size_t link_len = (kind == KIND_SYMLINK || kind == KIND_HARDLINK) ? field_len(h + 157, 100) : 0;
+        int small = kind == KIND_FILE && size <= small_max;
+        if (buf_add(names, h, name_len) || buf_add(links, h + 157, link_len) ||
+            (small && buf_add(smalls, chunk + (data_at - base), (size_t)size))) {
+            *failed = 1;
+            return STOP_PLAIN_WAY;
+        }
+        int64_t row[NFIELDS];
+        normal_span((const unsigned char *)names->data + name_at, names->len - name_at, &row[F_NORM_START],
+                    &row[F_NORM_END]);
+        row[F_KIND] = kind;
+        row[F_OFFSET] = kind == KIND_FILE ? data_at : 0;
+        row[F_SIZE] = kind == KIND_FILE ? size : kind == KIND_SYMLINK ? (int64_t)link_len : 0;
+        row[F_MODE] = mode & 07777;
+        row[F_MTIME] = mtime;
+        row[F_NAME_END] = (int64_t)names->len;
+        row[F_LINK_END] = (int64_t)links->len;
+        row[F_SMALL_END] = small ? (int64_t)smalls->len : -1;
+        uint64_t hash = row[F_NORM_START] >= 0 ? path_hash((const unsigned char *)names->data + name_at +
+                                                               row[F_NORM_START],
+                                                           (size_t)(row[F_NORM_END] - row[F_NORM_START]))
+                                               : 0;
+        memcpy(&row[F_HASH], &hash, sizeof hash);
+        if (buf_add(numbers, row, sizeof row)) {
+            *failed = 1;
+            return STOP_PLAIN_WAY;
+        }
+        pos = (size_t)(next - base);
+    }
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    PyObject *chunk_obj;
+    Py_ssize_t start;
+    long long base, shard_size, small_max;
+    if (!PyArg_ParseTuple(args, "OnLLL", &chunk_obj, &start, &base, &shard_size, &small_max))
+        return NULL;
+    char *chunk;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(chunk_obj, &chunk, &len) < 0)
+        return NULL;
+    if (start < 0 || start > len) {
+        PyErr_SetString(PyExc_ValueError, "start outside the chunk");
+        return NULL;
+    }
+    Buf names = {0}, numbers = {0}, links = {0}, smalls = {0};
+    size_t stop = 0;
+    int failed = 0, reason;
+    Py_BEGIN_ALLOW_THREADS
+    reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
+                   &names, &numbers, &links, &smalls, &stop, &failed);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (failed)
+        PyErr_NoMemory();
+    else
+        result = Py_BuildValue("(niy#y#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
+                               (Py_ssize_t)names.len, numbers.data ? numbers.data : "", (Py_ssize_t)numbers.len,
+                               links.data ? links.data : "", (Py_ssize_t)links.len, smalls.data ? smalls.data : "",
+                               (Py_ssize_t)smalls.len);
+    free(smalls.data);
+    free(names.data);
+    free(numbers.data);
+    free(links.data);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tarscan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__tarscan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "NFIELDS", NFIELDS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
