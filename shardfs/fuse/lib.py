@@ -1,4 +1,4 @@
-"""The node's libfuse3: found once, checked (3.10 or newer), bound by the compiled loop and loaded
+"""The node's libfuse3: found once, checked (3.3 or newer), bound by the compiled loop and loaded
 by mfusepy from the same file; and the other prerequisites of a mount. Each missing piece is one
 message a user can act on."""
 
@@ -14,9 +14,18 @@ from shardfs.fuse import _lowlevel
 
 # A libfuse3.so.3 to use in place of the one the loader finds (a path); LD_LIBRARY_PATH works too.
 LIBRARY_SETTING = "SHARDFS_LIBFUSE"
-MIN_VERSION = (3, 10)
+MIN_VERSION = (3, 3)  # RHEL/Rocky/Alma 8's fuse3-libs 3.3.0: the oldest a cluster runs
 RUNTIME = ("install the fuse3 runtime (Debian/Ubuntu: apt-get install fuse3 libfuse3-3; "
-           "RHEL/Rocky: dnf install fuse3 fuse3-libs)")
+           "RHEL/Rocky/Alma 8 and newer: dnf install fuse3 fuse3-libs)")
+TOO_OLD = (f"the oldest that works is {MIN_VERSION[0]}.{MIN_VERSION[1]}.0 (RHEL/Rocky/Alma 8's fuse3-libs; Ubuntu 20.04 "
+           f"has 3.9, Debian 11 3.10): install your distribution's fuse3 runtime, or point {LIBRARY_SETTING} at a "
+           f"newer libfuse3.so.3")
+
+# What the loop does without on an older library: (the release that brought it, what, its name).
+LACKING = (
+    ((3, 6), "reads of more than 128 KiB per request", "max_pages"),
+    ((3, 10), "symlink targets cached by the kernel", "FUSE_CAP_CACHE_SYMLINKS"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,18 +33,22 @@ class Libfuse:
     path: str
     version: str  # the package's, e.g. "3.10.3"
     loop_config: bool  # the thread-pool settings of 3.12 (fuse_loop_cfg_*: max_threads)
+    number: tuple[int, int]  # (major, minor) of the release
 
     def describe(self, max_threads: int, max_idle_threads: int) -> str:
-        """The library and what the loop does with it (for the daemon's log)."""
+        """The library and what the loop does with it (for the daemon's log, once)."""
         if self.loop_config:
-            return f"libfuse {self.version} ({self.path}): up to {max_threads} threads"
-        return (f"libfuse {self.version} ({self.path}): without the thread cap of libfuse 3.12 "
-                f"(fuse_loop_cfg_set_max_threads), {max_idle_threads} idle threads are kept and more are "
-                f"started while all are busy")
+            line = f"libfuse {self.version} ({self.path}): up to {max_threads} threads"
+        else:
+            line = (f"libfuse {self.version} ({self.path}): without the thread cap of libfuse 3.12 "
+                    f"(fuse_loop_cfg_set_max_threads), {max_idle_threads} idle threads are kept and more are "
+                    f"started while all are busy")
+        return line + "".join(f"; without {what} ({name}, libfuse {since[0]}.{since[1]})"
+                              for since, what, name in LACKING if self.number < since)
 
 
 def _version(number: int) -> tuple[int, int]:
-    """fuse_version(): major * 100 + minor (libfuse 2 had major * 10 + minor)."""
+    """The release libfuse_open found, major * 100 + minor (libfuse 2's fuse_version(): major * 10 + minor)."""
     return divmod(number, 100) if number >= 100 else divmod(number, 10)
 
 
@@ -53,15 +66,14 @@ def libfuse() -> Libfuse:
     path = os.path.realpath(path)
     if _version(number) < MIN_VERSION:
         found = ".".join(map(str, _version(number)))
-        raise UsageError(f"{path} is libfuse {found}, shardfs needs {'.'.join(map(str, MIN_VERSION))} or newer: "
-                         f"{RUNTIME}") from None
+        raise UsageError(f"{path} is libfuse {found}, too old for shardfs: {TOO_OLD}") from None
     try:
         version, loop_config = _lowlevel.libfuse_bind()
     except OSError as exc:
         raise UsageError(f"{path} is not a usable libfuse3 ({exc}): {RUNTIME}") from None
     # mfusepy (the operations' API) loads the library named here when imported: the same one
     os.environ["FUSE_LIBRARY_PATH"] = path
-    return Libfuse(path, version, loop_config)
+    return Libfuse(path, version, loop_config, _version(number))
 
 
 def load():

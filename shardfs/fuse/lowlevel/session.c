@@ -33,7 +33,7 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     s->push = push;
     char *argv[] = {"shardfs", "-o", (char *)options, NULL};
     struct fuse_args fargs = {.argc = 3, .argv = argv};
-    s->se = libfuse.session_new(&fargs, &LL_OPS, sizeof LL_OPS, s);
+    s->se = libfuse.session_new(&fargs, &LL_OPS, libfuse.ops_size, s);
     if (s->se == NULL) {
         PyErr_Format(PyExc_OSError, "libfuse refused the options %s (see the lines above)", options);
         return -1;
