@@ -109,7 +109,7 @@ def cmd_mount(args) -> int:
         for handler in logging.getLogger().handlers:
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
-    check_can_mount(cfg.allow_other)
+    check_can_mount(cfg.allow_other, cfg.mountpoint)
     if args.ready_fd is None:
         mount.prepare_mountpoint(cfg.mountpoint)
 
@@ -571,6 +571,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
     for flag in "sfnvr":
         parser.add_argument(f"-{flag}", action="store_true")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.f:  # "fake": mount(8) asks us to do everything but the mount
+    from shardfs.fuse.devfd import descriptor
+
+    served = descriptor(args.dir) is not None  # a /dev/fd/N its caller mounted: -f is --foreground
+    if args.f and not served:  # "fake": mount(8) asks us to do everything but the mount
         return 0
-    return main(["mount", args.spec, args.dir, *(["-o", args.options] if args.options else [])])
+    return main(["mount", args.spec, args.dir, *(["-o", args.options] if args.options else []),
+                 *(["--foreground"] if args.f else [])])

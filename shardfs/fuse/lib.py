@@ -10,7 +10,7 @@ import os
 import shutil
 
 from shardfs.errors import UsageError
-from shardfs.fuse import _lowlevel
+from shardfs.fuse import _lowlevel, devfd
 
 # A libfuse3.so.3 to use in place of the one the loader finds (a path); LD_LIBRARY_PATH works too.
 LIBRARY_SETTING = "SHARDFS_LIBFUSE"
@@ -94,8 +94,12 @@ def _user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
         return False
 
 
-def check_can_mount(allow_other: bool = False) -> None:
+def check_can_mount(allow_other: bool = False, mountpoint: str = "") -> None:
     """The prerequisites of a mount, checked before anything is started."""
+    if devfd.descriptor(mountpoint) is not None:  # mounted already: nothing to open, nothing for fusermount3
+        devfd.check(mountpoint)
+        load()
+        return
     if not os.path.exists("/dev/fuse"):
         raise UsageError("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse) or ask your admin")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):

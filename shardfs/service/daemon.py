@@ -29,6 +29,7 @@ from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
+from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
 
 log = logging.getLogger("shardfs")
@@ -177,7 +178,8 @@ class Daemon:
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
-        options += ["auto_unmount"] if opts.auto_unmount else []
+        # A /dev/fd/N mountpoint was mounted by whoever opened it: they unmount it, and our loop ends then.
+        options += ["auto_unmount"] if opts.auto_unmount and devfd.descriptor(self.mountpoint) is None else []
         self.server = Server(self.fs, slots, self.mountpoint, options)
         _return_freed_memory()
         self._listen_for_sighup()
