@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
                "class_names": cfg.class_names and os.path.abspath(cfg.class_names), "columns": cfg.columns,
                "storage_options": cfg.storage_options, "peers": cfg.peers, "peer_self": cfg.peer_self}
     try:
-        return run(sources, mountpoint, args.command, options)
+        return run(sources, mountpoint, args.command, options, args.argv)
     except MountError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -535,6 +535,14 @@ def _looks_like_source(word: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(argv)
+    from shardfs.service.userns import enter_if_asked
+
+    try:
+        enter_if_asked()  # `shardfs run` started again to mount in a user namespace (userns.py)
+    except UsageError as exc:
+        print(f"shardfs: {exc}", file=sys.stderr)
+        return exc.exit_code
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         if not _looks_like_source(argv[0]):
             close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
@@ -548,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    args.command = command
+    args.command, args.argv = command, given
     _setup_logging(args.log_level or "info")
     try:
         return args.func(args)

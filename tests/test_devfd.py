@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from benchlib import oldfuse, sample
 from benchlib.cli import REPO
 

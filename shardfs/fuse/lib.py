@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import os
 import shutil
+import stat
 
 from shardfs.errors import UsageError
 from shardfs.fuse import _lowlevel, devfd
@@ -86,6 +87,35 @@ def load():
     return mfusepy
 
 
+FUSERMOUNT = ("install the fuse3 package, whose fusermount3 is setuid root (Debian/Ubuntu: apt-get install fuse3; "
+              "RHEL/Rocky/Alma: dnf install fuse3)")
+
+
+def _no_new_privs() -> bool:
+    """Set (by a container runtime, or systemd's NoNewPrivileges=): no setuid program gains root."""
+    try:
+        with open("/proc/self/status") as f:
+            return any(line.split() == ["NoNewPrivs:", "1"] for line in f)
+    except OSError:
+        return False
+
+
+def fusermount_problem() -> str | None:
+    """Why fusermount3 cannot mount for this user, or None. Root needs none of it: libfuse mounts
+    with mount(2) itself (only auto_unmount goes through fusermount3)."""
+    if os.getuid() == 0:
+        return None
+    tool = shutil.which("fusermount3")
+    if tool is None:
+        return "fusermount3 is missing"
+    st = os.stat(tool)
+    if st.st_uid != 0 or not st.st_mode & stat.S_ISUID:
+        return f"{tool} is not setuid root"
+    if _no_new_privs():
+        return f"{tool} cannot gain root here (no_new_privs is set, as containers often do)"
+    return None
+
+
 def _user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
     try:
         with open(conf) as f:
@@ -94,19 +124,25 @@ def _user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
         return False
 
 
+def check_device() -> None:
+    """/dev/fuse, there and open to this user."""
+    if not os.path.exists("/dev/fuse"):
+        raise UsageError("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse) or ask your admin")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise UsageError("/dev/fuse is not accessible to this user: ask your admin to make it 0666")
+
+
 def check_can_mount(allow_other: bool = False, mountpoint: str = "") -> None:
     """The prerequisites of a mount, checked before anything is started."""
     if devfd.descriptor(mountpoint) is not None:  # mounted already: nothing to open, nothing for fusermount3
         devfd.check(mountpoint)
         load()
         return
-    if not os.path.exists("/dev/fuse"):
-        raise UsageError("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse) or ask your admin")
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        raise UsageError("/dev/fuse is not accessible to this user: ask your admin to make it 0666")
-    if shutil.which("fusermount3") is None:  # non-root mounts and auto_unmount go through it
-        raise UsageError("fusermount3 is missing: install the fuse3 package (Debian/Ubuntu: apt-get install fuse3; "
-                         "RHEL/Rocky: dnf install fuse3)")
+    check_device()
+    problem = fusermount_problem()
+    if problem:
+        raise UsageError(f"{problem}: a mount by a user other than root needs it: {FUSERMOUNT} (`shardfs run` "
+                         f"mounts without it where unprivileged user namespaces are allowed)")
     if allow_other and os.getuid() != 0 and not _user_allow_other():
         raise UsageError("-o allow_other needs 'user_allow_other' in /etc/fuse.conf for non-root users: "
                          "ask your admin, or mount without it")

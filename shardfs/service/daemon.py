@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import socket
 import threading
@@ -178,8 +179,7 @@ class Daemon:
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
-        # A /dev/fd/N mountpoint was mounted by whoever opened it: they unmount it, and our loop ends then.
-        options += ["auto_unmount"] if opts.auto_unmount and devfd.descriptor(self.mountpoint) is None else []
+        options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
         self.server = Server(self.fs, slots, self.mountpoint, options)
         _return_freed_memory()
         self._listen_for_sighup()
@@ -201,6 +201,16 @@ class Daemon:
         # the shards' descriptors: closing one that such a read still uses could give its number
         # to another file.
         return 0
+
+    def _can_auto_unmount(self) -> bool:
+        # A /dev/fd/N mountpoint was mounted by whoever opened it: they unmount it, and our loop ends then.
+        if devfd.descriptor(self.mountpoint) is not None:
+            return False
+        if shutil.which("fusermount3") is None:  # root without it: libfuse mounts with mount(2) alone
+            log.warning("fusermount3 is missing: no auto_unmount (a killed daemon leaves its mount stale "
+                        "until `shardfs umount` or the next `shardfs mount` there)")
+            return False
+        return True
 
     # ---- figures ------------------------------------------------------------
 

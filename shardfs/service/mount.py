@@ -146,15 +146,27 @@ def daemon_pid(mountpoint: str) -> int | None:
     return probe(mountpoint)[1].get("pid")
 
 
-def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0) -> int:
+def _detach(mountpoint: str, lazy: bool, direct: bool) -> str | None:
+    """Unmount; None, or why not. direct: umount2(2) here, for a mount made with mount(2) in a user
+    namespace of our own (userns.py), where fusermount3 and umount(8) would run without its capabilities."""
+    if direct:
+        try:
+            devfd.unmount(mountpoint, lazy)
+            return None
+        except OSError as exc:
+            return exc.strerror
+    done = subprocess.run(_unmount_command(mountpoint, lazy), capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit status {done.returncode}"
+
+
+def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0, direct: bool = False) -> int:
     if is_stale(mountpoint):
         lazy = True  # the daemon is gone: nothing to wait for
     elif not os.path.ismount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
-    done = subprocess.run(_unmount_command(mountpoint, lazy), capture_output=True, text=True)
-    if done.returncode != 0:
-        why = done.stderr.strip() or f"exit status {done.returncode}"
+    why = _detach(mountpoint, lazy, direct)
+    if why:
         if "busy" in why.lower():
             raise UsageError(f"{mountpoint} is busy (a process has files open there); "
                              f"close them, or use --lazy: {why}")
@@ -196,12 +208,13 @@ def stop_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
             continue
 
 
-def force_unmount(mountpoint: str) -> None:
-    """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises."""
+def force_unmount(mountpoint: str, direct: bool = False) -> None:
+    """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises.
+    direct: see _detach."""
     try:
-        unmount(mountpoint)
+        unmount(mountpoint, direct=direct)
     except DaemonOutlived:
         pass  # unmounted: the daemon ends on its own once its last reader lets go
     except UsageError:
         if os.path.ismount(mountpoint) or is_stale(mountpoint):
-            subprocess.run(_unmount_command(mountpoint, lazy=True), capture_output=True)
+            _detach(mountpoint, lazy=True, direct=direct)
