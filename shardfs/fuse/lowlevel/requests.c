@@ -79,7 +79,7 @@ static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *metho
     PyObject *p = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len + 1);
     if (p == NULL)
         return NULL;
-    char *buf = PyBytes_AS_STRING(p);
+    char *buf = PyBytes_AsString(p);
     buf[0] = '/';
     memcpy(buf + 1, path, len);
     PyObject *result;
@@ -92,17 +92,17 @@ static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *metho
             Py_DECREF(p);
             return NULL;
         }
-        PyObject *argv = PyTuple_New(1 + PyTuple_GET_SIZE(extra));
+        PyObject *argv = PyTuple_New(1 + PyTuple_Size(extra));
         if (argv == NULL) {
             Py_DECREF(p);
             Py_DECREF(extra);
             return NULL;
         }
-        PyTuple_SET_ITEM(argv, 0, p);
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra); i++) {
-            PyObject *item = PyTuple_GET_ITEM(extra, i);
+        PyTuple_SetItem(argv, 0, p); /* SetItem steals: fills a new tuple as SET_ITEM would */
+        for (Py_ssize_t i = 0; i < PyTuple_Size(extra); i++) {
+            PyObject *item = PyTuple_GetItem(extra, i);
             Py_INCREF(item);
-            PyTuple_SET_ITEM(argv, i + 1, item);
+            PyTuple_SetItem(argv, i + 1, item);
         }
         Py_DECREF(extra);
         PyObject *fn = PyObject_GetAttrString(s->ops, method);
@@ -498,7 +498,7 @@ static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
         libfuse.reply_err(req, EIO);
         return;
     }
-    libfuse.reply_readlink(req, PyBytes_AS_STRING(target));
+    libfuse.reply_readlink(req, PyBytes_AsString(target));
     Py_DECREF(target);
     PyGILState_Release(g);
 }
@@ -525,7 +525,7 @@ static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         libfuse.reply_err(req, err);
         return;
     }
-    reply_xattr(req, size, PyBytes_AS_STRING(r), (size_t)PyBytes_GET_SIZE(r));
+    reply_xattr(req, size, PyBytes_AsString(r), (size_t)PyBytes_Size(r));
     Py_DECREF(r);
     PyGILState_Release(g);
 }
@@ -545,7 +545,7 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
         PyObject *sep = PyUnicode_FromStringAndSize("\0", 1);
         PyObject *body = sep ? PyUnicode_Join(sep, r) : NULL;
         if (body != NULL) {
-            joined = PyUnicode_GET_LENGTH(body) ? PyUnicode_FromFormat("%U%c", body, 0) : (Py_INCREF(body), body);
+            joined = PyUnicode_GetLength(body) ? PyUnicode_FromFormat("%U%c", body, 0) : (Py_INCREF(body), body);
             Py_DECREF(body);
         }
         Py_XDECREF(sep);
@@ -559,7 +559,7 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
         libfuse.reply_err(req, err);
         return;
     }
-    reply_xattr(req, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+    reply_xattr(req, size, PyBytes_AsString(bytes), (size_t)PyBytes_Size(bytes));
     Py_DECREF(bytes);
     PyGILState_Release(g);
 }

@@ -156,7 +156,7 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "a table has at least the root directory");
         return -1;
     }
-    nshards = (unsigned int)PyTuple_GET_SIZE(slots);
+    nshards = (unsigned int)PyTuple_Size(slots);
     t->keep = PyList_New(0);
     if (t->keep == NULL)
         return -1;
@@ -168,8 +168,8 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     }
     if (PyList_Append(t->keep, dir_names) < 0 || PyList_Append(t->keep, names) < 0)
         return -1;
-    t->dir_names = PyBytes_AS_STRING(dir_names);
-    t->names = PyBytes_AS_STRING(names);
+    t->dir_names = PyBytes_AsString(dir_names);
+    t->names = PyBytes_AsString(names);
     Py_ssize_t nn = (Py_ssize_t)ndirs + nmembers;
     const void *children;
     if (take_array(arrays, "ino", (const void **)&t->ino, 8, nn, t->keep) < 0 ||
@@ -193,8 +193,8 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     uint32_t nchildren = t->child_start[ndirs];
     if (take_array(arrays, "children", &children, 4, nchildren, NULL) < 0)
         return -1;
-    if (t->dir_name_end[ndirs - 1] > PyBytes_GET_SIZE(dir_names) ||
-        (nmembers && t->name_end[nmembers - 1] > PyBytes_GET_SIZE(names))) {
+    if (t->dir_name_end[ndirs - 1] > PyBytes_Size(dir_names) ||
+        (nmembers && t->name_end[nmembers - 1] > PyBytes_Size(names))) {
         PyErr_SetString(PyExc_ValueError, "name ends past the names");
         return -1;
     }
@@ -242,10 +242,10 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     }
     Py_END_ALLOW_THREADS
     for (uint32_t s = 0; s < nshards; s++) {
-        PyObject *slot = PyTuple_GET_ITEM(slots, s);
+        PyObject *slot = PyTuple_GetItem(slots, s);
         if (slot == Py_None)
             continue;
-        if (!PyObject_TypeCheck(slot, &SlotType)) {
+        if (!PyObject_TypeCheck(slot, SlotType)) {
             PyErr_SetString(PyExc_TypeError, "slots holds Slot objects or None");
             return -1;
         }
@@ -281,7 +281,7 @@ static void table_dealloc(Table *t) {
     PyMem_Free((void *)t->unread);
     Py_XDECREF(t->view);
     Py_XDECREF(t->keep);
-    Py_TYPE(t)->tp_free((PyObject *)t);
+    free_object((PyObject *)t);
 }
 
 static PyMethodDef table_methods[] = {
@@ -289,13 +289,13 @@ static PyMethodDef table_methods[] = {
      "lookup(parent_ino, name) -> ino or None: the request loop's lookup, for tests"},
     {NULL}};
 
-PyTypeObject TableType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Table",
-    .tp_basicsize = sizeof(Table),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One view of the dataset as the request loop answers from it.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)table_init,
-    .tp_dealloc = (destructor)table_dealloc,
-    .tp_methods = table_methods,
-};
+static PyType_Slot table_slots[] = {
+    {Py_tp_doc, "One view of the dataset as the request loop answers from it."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, table_init},
+    {Py_tp_dealloc, table_dealloc},
+    {Py_tp_methods, table_methods},
+    {0, NULL}};
+
+PyTypeObject *TableType;
+PyType_Spec TABLE_SPEC = {"shardfs.fuse._lowlevel.Table", sizeof(Table), 0, Py_TPFLAGS_DEFAULT, table_slots};
