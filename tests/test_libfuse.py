@@ -212,18 +212,26 @@ def test_root_mounts_without_fusermount3(world):
         assert "WARNING: fusermount3 is missing: no auto_unmount" in f.read()
 
 
-@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare") or _system_libfuse() is None,
-                    reason="needs root, unshare and the system's libfuse3 to hide")
-def test_no_libfuse_at_all_is_one_line_and_exit_2(tar_shards, tmp_path):
-    """The system's libfuse3 hidden in a private mount namespace: an overlay of its directory
-    whose upper layer holds a whiteout for each libfuse3.so* file."""
+def _hide_system_libfuse(tmp: str) -> list[str]:
+    """Shell commands that hide the system's libfuse3 in a private mount namespace: an overlay of its
+    directory whose upper layer holds a whiteout for each libfuse3.so* file."""
     libdir = os.path.dirname(_system_libfuse())
-    hide = [f"mknod {tmp_path}/upper/{os.path.basename(p)} c 0 0" for p in glob.glob(f"{libdir}/libfuse3.so*")]
+    hide = [f"mknod {tmp}/upper/{os.path.basename(p)} c 0 0" for p in glob.glob(f"{libdir}/libfuse3.so*")]
+    return [f"mkdir {tmp}/upper {tmp}/work", *hide,
+            f"mount -t overlay overlay -o lowerdir={libdir},upperdir={tmp}/upper,workdir={tmp}/work {libdir}"]
+
+
+needs_system_libfuse_to_hide = pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("unshare") or _system_libfuse() is None,
+    reason="needs root, unshare and the system's libfuse3 to hide")
+
+
+@needs_system_libfuse_to_hide
+def test_no_libfuse_at_all_is_one_line_and_exit_2(tar_shards, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     script = " && ".join([
-        f"mkdir {tmp_path}/upper {tmp_path}/work", *hide,
-        f"mount -t overlay overlay -o lowerdir={libdir},upperdir={tmp_path}/upper,workdir={tmp_path}/work {libdir}",
+        *_hide_system_libfuse(str(tmp_path)),
         f"{{ {sys.executable} -m shardfs mount {tar_shards} {mnt}; echo status=$?; }}",
         f"if grep -q ' {mnt} ' /proc/self/mounts; then echo mounted; fi"])
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", script], capture_output=True,
@@ -232,3 +240,18 @@ def test_no_libfuse_at_all_is_one_line_and_exit_2(tar_shards, tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"shardfs: libfuse3 cannot be loaded (libfuse3.so.3: cannot open shared object file: No such file or "
         f"directory): {RUNTIME}"]
+
+
+@needs_system_libfuse_to_hide
+def test_a_libfuse_with_the_soname_of_317_is_found(world, tmp_path):
+    """libfuse 3.17 and newer are libfuse3.so.4 (Debian 13, Fedora 42): the only libfuse3 here is one
+    by that name (a copy of the system's, on LD_LIBRARY_PATH; the system's hidden)."""
+    os.mkdir(tmp_path / "lib")
+    library = shutil.copy(_system_libfuse(), tmp_path / "lib" / "libfuse3.so.4")
+    script = " && ".join([*_hide_system_libfuse(str(tmp_path)),
+                          f"{sys.executable} {world}/payload.py {world}/shards {world}/mnt {world}/home/so4.log"])
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", script], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": REPO, "LD_LIBRARY_PATH": str(tmp_path / "lib")},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    _served_everything(json.loads(done.stdout.strip().splitlines()[-1]), world, "root", str(library))

@@ -53,17 +53,34 @@ def _version(number: int) -> tuple[int, int]:
     return divmod(number, 100) if number >= 100 else divmod(number, 10)
 
 
+# The names the loader is asked for: 3.17 changed the soname (its ABI is 3.10's again, after releases
+# that had broken it) and keeps the symbol versions, so the loop binds it as it binds the others.
+SONAMES = ("libfuse3.so.3", "libfuse3.so.4")
+
+
+def _open_default() -> tuple[str, int]:
+    """The first of SONAMES the loader finds; UsageError naming why the first one cannot be loaded."""
+    first = None
+    for name in SONAMES:
+        try:
+            return _lowlevel.libfuse_open(name)
+        except OSError as exc:
+            first = first or exc
+    raise UsageError(f"libfuse3 cannot be loaded ({first}): {RUNTIME}") from None
+
+
 @functools.cache
 def libfuse() -> Libfuse:
     """Open and bind the node's libfuse3, once per process; UsageError when it is missing or too old."""
     chosen = os.environ.get(LIBRARY_SETTING)
-    try:
-        path, number = _lowlevel.libfuse_open(chosen or "libfuse3.so.3")
-    except OSError as exc:
-        if chosen:
+    if chosen:
+        try:
+            path, number = _lowlevel.libfuse_open(chosen)
+        except OSError as exc:
             raise UsageError(f"{LIBRARY_SETTING}={chosen} cannot be loaded ({exc}): point it at a libfuse3.so.3 "
                              f"or unset it") from None
-        raise UsageError(f"libfuse3 cannot be loaded ({exc}): {RUNTIME}") from None
+    else:
+        path, number = _open_default()
     path = os.path.realpath(path)
     if _version(number) < MIN_VERSION:
         found = ".".join(map(str, _version(number)))
