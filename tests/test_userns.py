@@ -3,6 +3,7 @@ the mount and the command in a user and mount namespace of their own (shardfs/se
 Run as `nobody` (tests/nobody.py); the command reads every file and reports what it sees while
 the test looks from outside the namespace."""
 
+import glob
 import os
 import shutil
 
@@ -61,8 +62,11 @@ run = subprocess.Popen([sys.executable, "-m", "shardfs", "run", src, mnt, "--", 
                        text=True, env={**os.environ, "MARKER": "kept"})
 out = {"uid": os.getuid(), "cwd": os.getcwd()}
 inside = os.path.join(home, "inside.json")
-while not os.path.exists(inside) and run.poll() is None:
+deadline = time.monotonic() + 120  # a hang fails the test, not its timeout
+while not os.path.exists(inside) and run.poll() is None and time.monotonic() < deadline:
     time.sleep(0.05)
+if run.poll() is None and not os.path.exists(inside):
+    run.kill()
 if os.path.exists(inside):
     with open(inside) as f:
         out["inside"] = json.load(f)
@@ -111,8 +115,11 @@ def test_run_mounts_in_a_user_namespace_where_fusermount3_cannot(world, fusermou
     assert inside["create"] == "EROFS"
     # the rest of the node never saw the mount
     assert out["outside_mounts"] == [] and out["outside_mnt"] == []
-    # afterwards: the daemon has exited, the mountpoint it made is gone
+    # afterwards: the daemon has exited, the mountpoint it made is gone, its log is named after it
     assert out["daemon_left"] is False and out["mnt_left"] is False
+    [log] = glob.glob(f"{world}/home/.cache/shardfs/logs/job-*.log")
+    with open(log) as f:
+        assert "mounted at /dev/fd/" in f.read()
 
 
 def test_where_neither_works_one_line_says_what_an_admin_must_do(world):

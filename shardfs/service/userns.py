@@ -87,8 +87,12 @@ def enter(problem: str) -> None:
 def mounted(sources: list[str], mountpoint: str | None, problem: str, **options) -> Iterator[str]:
     """As shardfs.mounted, in the namespace ``enter`` made, for this process and what it starts."""
     from shardfs.service.api import mountpoint_or_temporary, serving
+    from shardfs.service.mount import default_log_file
 
     with mountpoint_or_temporary(mountpoint) as path:
+        # named after the mountpoint, not after /dev/fd/N (which every such mount would share); before
+        # the mount: until its daemon answers, a look at the path waits
+        options = {**options, "log_file": options.get("log_file") or default_log_file(path)}
         try:
             fd = devfd.mount_fuse(os.path.abspath(path), "shardfs")
         except OSError as exc:
