@@ -5,7 +5,6 @@ nobody; and one clear line, exit 2, nothing mounted, for each missing piece."""
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import os
