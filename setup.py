@@ -1,7 +1,14 @@
-"""The compiled request loop (shardfs/fuse/lowlevel/*.c) and the tar scanner's fast path
-(shardfs/formats/_tarscan.c): built by pip install with a C compiler and Python's headers alone.
-The loop declares the part of libfuse3 it uses itself (lowlevel/libfuse.h) and binds the node's
-libfuse3.so.3 (and zlib's crc32) when shardfs starts, so it links neither.
+"""The compiled parts, built by pip install with a C compiler and Python's headers alone: the request
+loop (shardfs/fuse/lowlevel/*.c), which declares the part of libfuse3 it uses itself
+(lowlevel/libfuse.h) and binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so
+it links neither; and the tar scanner's fast path (shardfs/formats/_tarscan.c).
+
+One wheel for every CPython from 3.10 (cluster users pick 3.10-3.14 from modules or AppStream):
+each extension is built against the limited API of 3.10 (Py_LIMITED_API, see ``ABI3``) and the
+wheel is tagged cp310-abi3. The stable ABI keeps such a module loadable on every later CPython;
+the loop does not need more of the C API than the limited one gives (its buffer protocol, stable
+from 3.11, is declared in lowlevel.h for 3.10, where CPython has the same functions and struct).
+A new extension takes ``**ABI3`` too: the wheel has one tag, so every module in it must keep it.
 
 The package's long description (what PyPI shows) is README.md with its relative links made
 absolute against the repository named once in pyproject.toml's [project.urls]: relative links
@@ -48,19 +55,28 @@ def long_description() -> str:
 LOWLEVEL = "shardfs/fuse/lowlevel"
 # where lowlevel.h binds dlopen and its kin to their first symbol version (glibc on x86_64)
 OLD_DLOPEN = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
+# the oldest CPython the wheel serves: its limited API (0x030A0000) and its wheel tag (cp310)
+ABI3 = {"py_limited_api": True, "define_macros": [("Py_LIMITED_API", "0x030A0000")]}
 
-setup(long_description=long_description(), long_description_content_type="text/markdown", ext_modules=[Extension(
-    "shardfs.fuse._lowlevel",
-    sources=[f"{LOWLEVEL}/{name}.c" for name in ("libfuse", "slot", "table", "requests", "session")],
-    depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h"],
-    # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"],
-    # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
-    # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
-    extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
-), Extension(
-    "shardfs.formats._tarscan",
-    sources=["shardfs/formats/_tarscan.c"],
-    py_limited_api=True,  # the file defines Py_LIMITED_API (3.10)
-    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
-)])
+setup(
+    long_description=long_description(),
+    long_description_content_type="text/markdown",
+    ext_modules=[Extension(
+        "shardfs.fuse._lowlevel",
+        sources=[f"{LOWLEVEL}/{name}.c" for name in ("libfuse", "slot", "table", "requests", "session")],
+        depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h"],
+        # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
+        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden",
+                            "-Werror=implicit-function-declaration"],
+        # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
+        # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
+        extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
+        **ABI3,
+    ), Extension(
+        "shardfs.formats._tarscan",
+        sources=["shardfs/formats/_tarscan.c"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
+        **ABI3,
+    )],
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

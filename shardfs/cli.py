@@ -109,7 +109,7 @@ def cmd_mount(args) -> int:
         for handler in logging.getLogger().handlers:
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
-    check_can_mount(cfg.allow_other)
+    check_can_mount(cfg.allow_other, cfg.mountpoint)
     if args.ready_fd is None:
         mount.prepare_mountpoint(cfg.mountpoint)
 
@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
                "class_names": cfg.class_names and os.path.abspath(cfg.class_names), "columns": cfg.columns,
                "storage_options": cfg.storage_options, "peers": cfg.peers, "peer_self": cfg.peer_self}
     try:
-        return run(sources, mountpoint, args.command, options)
+        return run(sources, mountpoint, args.command, options, args.argv)
     except MountError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -377,9 +377,18 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         help="default: info (or the configuration file's)")
     sub = parser.add_subparsers(dest="subcommand", required=True)
+
     def add(name, parents=(), **kw):
         return sub.add_parser(name, parents=[common, *parents], **kw)
 
+    for add_command in (_add_mount, _add_run, _add_status, _add_umount, _add_index, _add_stats, _add_cache,
+                        _add_pack, _add_verify, _add_ls):
+        add_command(add)
+    return parser
+
+
+def _mount_options() -> argparse.ArgumentParser:
+    """The options of `mount` and `run`."""
     mount_options = argparse.ArgumentParser(add_help=False)
     m = mount_options.add_argument_group("mount options")
     m.add_argument("-o", action="append", metavar="OPTS",
@@ -417,8 +426,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write Prometheus metrics to DIR (node_exporter's --collector.textfile.directory)")
     m.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics writes (default 15)")
     layout_options(m)
+    return mount_options
 
-    p = add("mount", parents=[mount_options], help="mount shards as one read-only tree")
+
+def _remote_options() -> argparse.ArgumentParser:
+    """The storage option of the commands that read shards without mounting."""
+    remote_options = argparse.ArgumentParser(add_help=False)
+    remote_options.add_argument("--option", action="append", metavar="KEY=VALUE",
+                                help="storage option for s3:// and http(s):// sources (see mount --option)")
+    return remote_options
+
+
+def _add_mount(add) -> None:
+    p = add("mount", parents=[_mount_options()], help="mount shards as one read-only tree")
     p.add_argument("paths", nargs="*", metavar="SRC... MOUNTPOINT",
                    help="directories of shards, shard files or globs, then the mountpoint")
     p.add_argument("--config", metavar="FILE", help="read everything from a TOML file (see systemd/example.toml)")
@@ -429,7 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
 
-    p = add("run", parents=[mount_options], help="mount, run a command, unmount; exit with its status",
+
+def _add_run(add) -> None:
+    p = add("run", parents=[_mount_options()], help="mount, run a command, unmount; exit with its status",
             usage="shardfs run [options] SRC [SRC...] [MOUNTPOINT | -m MOUNTPOINT] -- COMMAND [ARG...]",
             description="Mount SRC, run COMMAND with the mount live (its path in $SHARDFS_MOUNT), unmount, "
                         "and exit with COMMAND's status. Without MOUNTPOINT (a single SRC) a private "
@@ -440,11 +462,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--mountpoint", help="the mountpoint; every positional word is then a source")
     p.set_defaults(func=cmd_run)
 
+
+def _add_status(add) -> None:
     p = add("status", help="every shardfs mount on this node: source, state, figures")
     p.add_argument("mountpoint", nargs="?", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
+
+def _add_umount(add) -> None:
     p = add("umount", aliases=["unmount"], help="unmount and wait for the daemon to exit")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
@@ -452,11 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for the daemon to exit; exit status 1 if it is still running (default 30)")
     p.set_defaults(func=cmd_umount)
 
-    remote_options = argparse.ArgumentParser(add_help=False)
-    remote_options.add_argument("--option", action="append", metavar="KEY=VALUE",
-                                help="storage option for s3:// and http(s):// sources (see mount --option)")
 
-    p = add("index", parents=[remote_options], help="build shard indexes ahead of time")
+def _add_index(add) -> None:
+    p = add("index", parents=[_remote_options()], help="build shard indexes ahead of time")
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--index-dir")
     p.add_argument("--workers", type=int)
@@ -464,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     columns_option(p)
     p.set_defaults(func=cmd_index)
 
+
+def _add_stats(add) -> None:
     p = add("stats", help="figures of a live mount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true", help="same as --format json")
@@ -474,12 +500,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, metavar="N", help="--watch: stop after N refreshes (default: until Ctrl-C)")
     p.set_defaults(func=cmd_stats)
 
+
+def _add_cache(add) -> None:
     p = add("cache", help="list or empty a disk-tier directory (--disk-cache DIR)")
     p.add_argument("action", choices=["ls", "clear"], help="clear skips shards a live mount has open")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="ls: one record per cached shard")
     p.set_defaults(func=cmd_cache)
 
+
+def _add_pack(add) -> None:
     p = add("pack", help="pack a folder or a path-to-label list into shards",
             description="Pack an ImageFolder-style directory (members keep their path relative to SRC) or a "
                         "mapping file (JSON {path: label} or 'path label' lines; members become "
@@ -504,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "OUT/classes.txt (mount with --layout imagefolder --class-names OUT/classes.txt)")
     p.set_defaults(func=cmd_pack)
 
-    p = add("verify", parents=[remote_options],
+
+def _add_verify(add) -> None:
+    p = add("verify", parents=[_remote_options()],
             help="check shards: structure, manifest sha256, optionally decode images")
     p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, glob or URL")
     p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
@@ -512,7 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     columns_option(p)
     p.set_defaults(func=cmd_verify)
 
-    p = add("ls", parents=[remote_options], help="list the merged tree without mounting")
+
+def _add_ls(add) -> None:
+    p = add("ls", parents=[_remote_options()], help="list the merged tree without mounting")
     p.add_argument("sources", nargs="+", metavar="SRC",
                    help="directories of shards, shard files, globs or URLs: merged as `mount` merges them")
     p.add_argument("--path", metavar="PATH", help="directory or file in the tree (default: the root); "
@@ -522,7 +556,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-dir")
     layout_options(p)
     p.set_defaults(func=cmd_ls)
-    return parser
 
 
 COMMANDS = ("mount", "run", "status", "umount", "unmount", "index", "stats", "cache", "pack", "verify", "ls")
@@ -535,6 +568,14 @@ def _looks_like_source(word: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(argv)
+    from shardfs.service.userns import enter_if_asked
+
+    try:
+        enter_if_asked()  # `shardfs run` started again to mount in a user namespace (userns.py)
+    except UsageError as exc:
+        print(f"shardfs: {exc}", file=sys.stderr)
+        return exc.exit_code
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         if not _looks_like_source(argv[0]):
             close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
@@ -548,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    args.command = command
+    args.command, args.argv = command, given
     _setup_logging(args.log_level or "info")
     try:
         return args.func(args)
@@ -571,6 +612,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
     for flag in "sfnvr":
         parser.add_argument(f"-{flag}", action="store_true")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.f:  # "fake": mount(8) asks us to do everything but the mount
+    from shardfs.fuse.devfd import descriptor
+
+    served = descriptor(args.dir) is not None  # a /dev/fd/N its caller mounted: -f is --foreground
+    if args.f and not served:  # "fake": mount(8) asks us to do everything but the mount
         return 0
-    return main(["mount", args.spec, args.dir, *(["-o", args.options] if args.options else [])])
+    return main(["mount", args.spec, args.dir, *(["-o", args.options] if args.options else []),
+                 *(["--foreground"] if args.f else [])])

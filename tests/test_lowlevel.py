@@ -109,6 +109,37 @@ def test_table_lookup_agrees_with_the_tree(tmp_path):
     assert t.lookup(inode_number(b"top.txt"), b"under-a-file") is None
 
 
+def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypatch):
+    """The loop trusts a table's indexes once it has it: each kind of wrong one is refused first."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(archive(member(b"x/b.txt", b"1"), member(b"top.txt", b"2")))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    made = []
+    monkeypatch.setattr(_lowlevel, "Table", lambda *args, **kw: made.append((args, kw)))
+    table.build(view, table.Slots())
+    monkeypatch.undo()
+    [(args, kw)] = made
+    _lowlevel.Table(*args, **kw)  # as built: taken
+
+    def refused(key: str, change) -> str:
+        arrays = dict(args[0])
+        arrays[key] = change(arrays[key].copy())
+        with pytest.raises(ValueError) as exc:
+            _lowlevel.Table(arrays, *args[1:], **kw)
+        return str(exc.value)
+
+    def set_last(values, value):
+        values[-1] = value
+        return values
+
+    assert refused("size", lambda a: a[:-1]).startswith("table array size: ")
+    assert refused("children", lambda a: set_last(a, 1000)) == "a child is not a node"
+    assert refused("by_ino", lambda a: set_last(a, 0)) == "by_ino must be strictly ascending and name nodes"
+    assert refused("shard", lambda a: set_last(a, 7)) == "a member's shard is out of range"
+    assert refused("name_end", lambda a: set_last(a, 10**6)) == "name ends past the names"
+
+
 def test_a_slot_refuses_a_buffer_smaller_than_its_shard():
     slot = _lowlevel.Slot()
     with pytest.raises(ValueError):

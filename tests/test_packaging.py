@@ -5,6 +5,7 @@ every file's bytes, and unmounts from there."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
@@ -89,10 +90,10 @@ def dists(tmp_path_factory):
 
 
 def test_the_wheel_is_manylinux_and_carries_no_libfuse(dists):
+    # one wheel for CPython 3.10 and newer: the limited API of 3.10 (setup.py)
+    assert dists["built"].name.startswith(f"shardfs-{__version__}-cp310-abi3-linux_")
     # glibc 2.17 (manylinux2014) on x86_64, where the loop binds dlopen to its first symbol
     # version; elsewhere at most Rocky/RHEL 9's 2.34
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert dists["built"].name.startswith(f"shardfs-{__version__}-{tag}-{tag}-linux_")
     glibc = tuple(map(int, re.fullmatch(r"manylinux_(\d+)_(\d+)_\w+", dists["tag"]).groups()))
     assert glibc == (2, 17) if platform.machine() == "x86_64" else glibc <= (2, 34)
     assert dists["whl"].name.endswith(f"{dists['tag']}.whl") and dists["tag"] in dists["whl"].name
@@ -101,15 +102,15 @@ def test_the_wheel_is_manylinux_and_carries_no_libfuse(dists):
     with zipfile.ZipFile(dists["whl"]) as whl:
         assert not [n for n in whl.namelist() if ".libs/" in n]  # auditwheel grafted nothing
         modules = sorted(n for n in whl.namelist() if n.endswith(".so"))  # the request loop, the tar scanner
-        assert [m.split("/")[-1].split(".")[0] for m in modules] == ["_tarscan", "_lowlevel"], modules
-        for module in modules:
-            whl.extract(module, dists["whl"].parent / "x")
+        # every compiled module keeps the wheel's one tag (setup.py's ABI3)
+        assert modules == ["shardfs/formats/_tarscan.abi3.so", "shardfs/fuse/_lowlevel.abi3.so"], modules
+        whl.extractall(dists["whl"].parent / "x", modules)
     for module in modules:
         with open(dists["whl"].parent / "x" / module, "rb") as f:
-            needed = [t.needed for t in ELFFile(f).get_section_by_name(".dynamic").iter_tags() if t.entry.d_tag ==
-                      "DT_NEEDED"]
+            needed = [t.needed for t in ELFFile(f).get_section_by_name(".dynamic").iter_tags()
+                      if t.entry.d_tag == "DT_NEEDED"]
         # libfuse3 and zlib are the node's, opened when shardfs starts
-        assert not [n for n in needed if "fuse" in n or "libz" in n], needed
+        assert not [n for n in needed if "fuse" in n or "libz" in n], (module, needed)
 
 
 def test_the_wheels_long_description_has_no_relative_link(dists):
@@ -151,3 +152,51 @@ def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, sample
     lines = smoke.stdout.split("\n")
     assert lines[:2] == ["72 6 (64, 64) 5 True", "False"]
     assert json.loads(lines[2]) == sample.digests(str(sample_tree))
+
+
+# Every file's sha256 through a mount, from a Python without torchvision.
+SERVED = r'''
+import hashlib, json, os, sys
+import shardfs
+import shardfs.fuse._lowlevel as loop
+assert shardfs.__file__.startswith(sys.prefix), shardfs.__file__
+with shardfs.mounted(sys.argv[1]) as root:
+    digests = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                digests[os.path.relpath(f.name, root)] = hashlib.sha256(f.read()).hexdigest()
+print(json.dumps({"python": list(sys.version_info[:2]), "loop": os.path.basename(loop.__file__), "digests": digests}))
+'''
+
+
+def _interpreter(minor: int) -> str | None:
+    """A CPython 3.<minor> on this machine: one of pyenv's, or on PATH (not pyenv's shim of it)."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    versions = sorted(glob.glob(os.path.join(root, "versions", f"3.{minor}.*", "bin", f"python3.{minor}")))
+    found = shutil.which(f"python3.{minor}")
+    return versions[-1] if versions else found if found and "/shims/" not in found else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("minor", [10, 11, 12, 13, 14])
+def test_the_one_wheel_installs_and_mounts_on_each_python(minor, dists, sample_tree, tar_shards, tmp_path):
+    """The abi3 wheel in a fresh virtual environment of each CPython found here; its dependencies
+    come from the package index pip is configured with."""
+    python = _interpreter(minor)
+    if python is None:
+        pytest.skip(f"no CPython 3.{minor} on this machine (PATH or pyenv)")
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                           dists["whl"]], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    if done.returncode != 0 and "No matching distribution" in done.stderr + done.stdout:
+        pytest.skip(f"the dependencies cannot be installed from the package index: {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    served = subprocess.run([venv / "bin" / "python", "-c", SERVED, str(tar_shards)], capture_output=True, text=True,
+                            env={**env, "PATH": f"{venv / 'bin'}:{env['PATH']}"}, timeout=300, cwd=tmp_path)
+    assert served.returncode == 0, served.stderr
+    out = json.loads(served.stdout)
+    assert out["python"] == [3, minor] and out["loop"] == "_lowlevel.abi3.so"
+    assert out["digests"] == sample.digests(str(sample_tree))

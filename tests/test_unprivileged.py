@@ -60,5 +60,7 @@ def test_nobody_gets_one_clear_line_for_each_missing_prerequisite(world):
     # with /dev/fuse usable, the other two
     out = _as_nobody(world, "errors", fuse_for_all=True)
     assert "allow_other needs 'user_allow_other' in /etc/fuse.conf" in out["allow_other"]
-    assert out["no_fusermount"] == ("shardfs: fusermount3 is missing: install the fuse3 package (Debian/Ubuntu: "
-                                    "apt-get install fuse3; RHEL/Rocky: dnf install fuse3)")
+    assert out["no_fusermount"] == (
+        "shardfs: fusermount3 is missing: a mount by a user other than root needs it: install the fuse3 package, "
+        "whose fusermount3 is setuid root (Debian/Ubuntu: apt-get install fuse3; RHEL/Rocky/Alma: dnf install "
+        "fuse3) (`shardfs run` mounts without it where unprivileged user namespaces are allowed)")

@@ -61,22 +61,42 @@ def mounted(src: str | os.PathLike | list, mountpoint: str | os.PathLike | None 
     each other, [] for none) and peer_self (this node's entry).
     """
     sources = [os.fspath(s) for s in (src if isinstance(src, list | tuple) else [src])]
-    made_dir = mountpoint is None
-    path = tempfile.mkdtemp(prefix="shardfs-") if made_dir else os.fspath(mountpoint)
-    try:
-        env = None
-        if options.get("storage_options"):  # credentials: never on a command line
-            from shardfs.storage.remote import OPTIONS_ENV
+    with mountpoint_or_temporary(mountpoint) as path, serving(sources, path, options) as root:
+        yield root
 
-            env = {**os.environ, OPTIONS_ENV: json.dumps(options["storage_options"])}
-        done = subprocess.run(mount_command(sources, path, options), capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}")
-        try:
-            yield path
-        finally:
-            force_unmount(path)
+
+@contextlib.contextmanager
+def mountpoint_or_temporary(mountpoint: str | os.PathLike | None) -> Iterator[str]:
+    """``mountpoint``, or a private temporary directory removed afterwards."""
+    if mountpoint is not None:
+        yield os.fspath(mountpoint)
+        return
+    path = tempfile.mkdtemp(prefix="shardfs-")
+    try:
+        yield path
     finally:
-        if made_dir:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)  # rmdir, never rmtree: nothing inside a mount is ever deleted
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # rmdir, never rmtree: nothing inside a mount is ever deleted
+
+
+@contextlib.contextmanager
+def serving(sources: list[str], path: str, options: dict, fuse_fd: int | None = None) -> Iterator[str]:
+    """``shardfs mount`` at ``path`` until the block ends. fuse_fd: /dev/fuse mounted at ``path``
+    already (userns.py): the daemon serves it as /dev/fd/N, and we close our copy once it has it."""
+    env = None
+    if options.get("storage_options"):  # credentials: never on a command line
+        from shardfs.storage.remote import OPTIONS_ENV
+
+        env = {**os.environ, OPTIONS_ENV: json.dumps(options["storage_options"])}
+    try:
+        done = subprocess.run(mount_command(sources, path if fuse_fd is None else f"/dev/fd/{fuse_fd}", options),
+                              capture_output=True, text=True, env=env, pass_fds=() if fuse_fd is None else (fuse_fd,))
+    finally:
+        if fuse_fd is not None:
+            os.close(fuse_fd)  # the daemon's is the only one left: if it dies, the mount answers ENOTCONN
+    if done.returncode != 0:
+        raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}")
+    try:
+        yield path
+    finally:
+        force_unmount(path, direct=fuse_fd is not None)

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the same parser, from PyPI (tomllib is tomli, taken into 3.11)
+    import tomli as tomllib
 
 from shardfs.storage.memory import parse_size
 from shardfs.storage.peers.addresses import check as check_peers

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import socket
 import threading
@@ -31,6 +32,7 @@ from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
+from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
 
 log = logging.getLogger("shardfs")
@@ -212,7 +214,7 @@ class Daemon:
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
-        options += ["auto_unmount"] if opts.auto_unmount else []
+        options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
         self.server = Server(self.fs, self.slots, self.mountpoint, options)
         _return_freed_memory()
         self._listen_for_sighup()
@@ -227,6 +229,16 @@ class Daemon:
             self.peers.close()
         self.cache.close()
         self._log_summary(seconds)
+
+    def _can_auto_unmount(self) -> bool:
+        # A /dev/fd/N mountpoint was mounted by whoever opened it: they unmount it, and our loop ends then.
+        if devfd.descriptor(self.mountpoint) is not None:
+            return False
+        if shutil.which("fusermount3") is None:  # root without it: libfuse mounts with mount(2) alone
+            log.warning("fusermount3 is missing: no auto_unmount (a killed daemon leaves its mount stale "
+                        "until `shardfs umount` or the next `shardfs mount` there)")
+            return False
+        return True
 
     # ---- figures ------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import time
 from shardfs.dirs import cache_dir
 from shardfs.service.config import MountConfig, storage_env, to_args
 from shardfs.errors import ShardfsError, UsageError
+from shardfs.fuse import devfd
 from shardfs.fuse.lib import check_can_mount
 from shardfs.view.sources import find_shards
 
@@ -49,7 +50,11 @@ def is_stale(mountpoint: str) -> bool:
 
 
 def prepare_mountpoint(mountpoint: str) -> None:
-    """Refuse a missing or busy mountpoint; clean a stale one left by a killed daemon."""
+    """Refuse a missing or busy mountpoint; clean a stale one left by a killed daemon. A /dev/fd/N
+    (devfd) is mounted already, by whoever opened it."""
+    if devfd.descriptor(mountpoint) is not None:
+        devfd.check(mountpoint)
+        return
     if is_stale(mountpoint):
         subprocess.run(_unmount_command(mountpoint, lazy=True), capture_output=True)
         print(f"shardfs: cleaned a stale mount at {mountpoint} (its daemon had died)", file=sys.stderr)
@@ -74,15 +79,17 @@ def default_log_file(mountpoint: str) -> str:
 
 def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT) -> int:
     """Start ``shardfs mount --foreground`` in its own session; return once the mount answers."""
-    check_can_mount(cfg.allow_other)
+    check_can_mount(cfg.allow_other, cfg.mountpoint)
     find_shards(cfg.sources)  # fail fast, with the message, before starting anything
     prepare_mountpoint(cfg.mountpoint)
     cfg = dataclasses.replace(cfg, log_file=cfg.log_file or default_log_file(cfg.mountpoint))
     os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
     read_end, write_end = os.pipe()
     cmd = [sys.executable, "-m", "shardfs", "mount", *to_args(cfg), "--foreground", "--ready-fd", str(write_end)]
-    child = subprocess.Popen(cmd, pass_fds=(write_end,), start_new_session=True, env=storage_env(cfg),
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    fuse_fd = devfd.descriptor(cfg.mountpoint)  # a /dev/fd/N mounted already: the daemon serves it
+    child = subprocess.Popen(cmd, pass_fds=(write_end,) if fuse_fd is None else (write_end, fuse_fd),
+                             start_new_session=True, env=storage_env(cfg), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
     os.close(write_end)
     try:
         info, why = _wait_ready(child, read_end, stall_timeout)
@@ -172,15 +179,27 @@ def daemon_pid(mountpoint: str) -> int | None:
     return probe(mountpoint)[1].get("pid")
 
 
-def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0) -> int:
+def _detach(mountpoint: str, lazy: bool, direct: bool) -> str | None:
+    """Unmount; None, or why not. direct: umount2(2) here, for a mount made with mount(2) in a user
+    namespace of our own (userns.py), where fusermount3 and umount(8) would run without its capabilities."""
+    if direct:
+        try:
+            devfd.unmount(mountpoint, lazy)
+            return None
+        except OSError as exc:
+            return exc.strerror
+    done = subprocess.run(_unmount_command(mountpoint, lazy), capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit status {done.returncode}"
+
+
+def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0, direct: bool = False) -> int:
     if is_stale(mountpoint):
         lazy = True  # the daemon is gone: nothing to wait for
     elif not os.path.ismount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
-    done = subprocess.run(_unmount_command(mountpoint, lazy), capture_output=True, text=True)
-    if done.returncode != 0:
-        why = done.stderr.strip() or f"exit status {done.returncode}"
+    why = _detach(mountpoint, lazy, direct)
+    if why:
         if "busy" in why.lower():
             raise UsageError(f"{mountpoint} is busy (a process has files open there); "
                              f"close them, or use --lazy: {why}")
@@ -222,12 +241,13 @@ def stop_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
             continue
 
 
-def force_unmount(mountpoint: str) -> None:
-    """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises."""
+def force_unmount(mountpoint: str, direct: bool = False) -> None:
+    """Unmount and wait for the daemon; fall back to a lazy unmount when busy. Never raises.
+    direct: see _detach."""
     try:
-        unmount(mountpoint)
+        unmount(mountpoint, direct=direct)
     except DaemonOutlived:
         pass  # unmounted: the daemon ends on its own once its last reader lets go
     except UsageError:
         if os.path.ismount(mountpoint) or is_stale(mountpoint):
-            subprocess.run(_unmount_command(mountpoint, lazy=True), capture_output=True)
+            _detach(mountpoint, lazy=True, direct=direct)

@@ -4,12 +4,14 @@ The one-liner for batch job scripts. The command gets each signal once (signals.
 terminal's straight, the batch system's and anyone's sent to us passed on; the mount goes
 away when the command ends, whatever the reason. A mountpoint that does not exist is created (with
 its missing parents) and removed again afterwards, so a job script can name a fresh
-per-job path and leave nothing behind.
+per-job path and leave nothing behind. Where fusermount3 cannot mount for this user, the mount
+and the command are in a user and mount namespace of their own (userns.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
@@ -35,8 +37,25 @@ def created_mountpoint(mountpoint: str | None) -> Iterator[None]:
                 os.rmdir(folder)
 
 
-def run(sources: list[str], mountpoint: str | None, command: list[str], options: dict) -> int:
-    with created_mountpoint(mountpoint), mounted(sources, mountpoint, **options) as root:
+def _mounting(argv: list[str]):
+    """shardfs.mounted, or where fusermount3 cannot mount for this user, its twin in a user namespace
+    of our own (userns.py), entered by this command line started again (``argv``)."""
+    from shardfs.fuse.lib import check_device, fusermount_problem
+    from shardfs.service import userns
+
+    problem = fusermount_problem()
+    if problem is None:
+        return mounted
+    if not userns.entered():
+        check_device()
+        userns.restart(argv, problem)
+    return functools.partial(userns.mounted, problem=problem)
+
+
+def run(sources: list[str], mountpoint: str | None, command: list[str], options: dict, argv: list[str]) -> int:
+    """argv: the ``shardfs`` command line that asked for this, to start again in a user namespace."""
+    mounting = _mounting(argv)  # before anything is made: it may start this command line again
+    with created_mountpoint(mountpoint), mounting(sources, mountpoint, **options) as root:
         with command_with_signals(command, {**os.environ, "SHARDFS_MOUNT": root}) as child:
             code = child.wait()
     # Like a shell: a command killed by signal N gives 128 + N.

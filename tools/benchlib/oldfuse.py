@@ -1,21 +1,29 @@
-"""libfuse 3.10, as the clusters run it (Rocky 9, Ubuntu 22.04, Debian 11): Debian 11's runtime
-packages, fetched with `apt-get download` from the bullseye suite of the archive apt already uses
-here, and unpacked with `dpkg -x` into a private prefix (never installed over the system's).
+"""Older libfuse releases, as the clusters run them, in private prefixes (never installed over the
+system's):
 
-A mount uses it through SHARDFS_LIBFUSE=<prefix>/lib/<triplet>/libfuse3.so.3 or LD_LIBRARY_PATH.
-The download is kept under ~/.cache, so a rerun costs an unpack.
+- 3.10 (Rocky 9, Ubuntu 22.04, Debian 11): Debian 11's runtime packages, fetched with `apt-get
+  download` from the bullseye suite of the archive apt already uses here, and unpacked with `dpkg -x`.
+  The download is kept under ~/.cache, so a rerun costs an unpack.
+- 3.3.0 (RHEL/Rocky/Alma 8) and 3.9.0 (Ubuntu 20.04): the builds in `shared/libfuse/` beside the
+  repository (its README says how they were made), where that folder exists.
+
+A mount uses one through SHARDFS_LIBFUSE=<its libfuse3.so.3> or LD_LIBRARY_PATH.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 
 SUITE = "bullseye"
 PACKAGES = {"libfuse3-3": "3.10.3-2", "fuse3": "3.10.3-2"}
 VERSION = "3.10.3"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+# shared/libfuse/ beside the repository (in CI: a fresh clone with a copy of shared/ beside it)
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                      "shared", "libfuse")
 
 
 class Unavailable(RuntimeError):
@@ -82,3 +90,28 @@ def unpack(prefix: str, cache: str | None = None) -> str:
     if not found:
         raise Unavailable(f"no libfuse3.so.3 in the packages unpacked under {prefix}")
     return found[0]
+
+
+def shared_build(version: str, prefix: str) -> str:
+    """libfuse ``version`` from SHARED in ``prefix`` as a package installs it: lib/libfuse3.so.3
+    (a link to the library file) and bin/fusermount3 (setuid root, for users other than root; the
+    library and fusermount3 of one release go together). Returns the path of the library file."""
+    build = os.path.join(SHARED, version)
+    found = glob.glob(os.path.join(build, f"libfuse3.so.{version}"))
+    if not found or not os.path.exists(os.path.join(build, "fusermount3")):
+        raise Unavailable(f"no build of libfuse {version} in {SHARED} (its library and fusermount3)")
+    lib, bin_ = os.path.join(prefix, "lib"), os.path.join(prefix, "bin")
+    os.makedirs(lib, exist_ok=True)
+    os.makedirs(bin_, exist_ok=True)
+    # copies: a copy of shared/ may hold the libfuse3.so.3 link as a file naming its target
+    library = os.path.join(lib, os.path.basename(found[0]))
+    if os.path.exists(library):  # made before (and perhaps mapped by a daemon now)
+        return library
+    shutil.copy(found[0], library)
+    if not os.path.lexists(os.path.join(lib, "libfuse3.so.3")):
+        os.symlink(os.path.basename(library), os.path.join(lib, "libfuse3.so.3"))
+    fusermount = shutil.copy(os.path.join(build, "fusermount3"), bin_)
+    if os.getuid() == 0:
+        os.chown(fusermount, 0, 0)
+        os.chmod(fusermount, 0o4755)
+    return library

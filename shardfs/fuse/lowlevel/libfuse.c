@@ -1,5 +1,5 @@
 /* Binding the node's libfuse3 at run time (dlopen): the loop carries its own declarations
- * (libfuse.h) and needs no libfuse at build time, and one build runs on every libfuse3 from 3.10.
+ * (libfuse.h) and needs no libfuse at build time, and one build runs on every libfuse3 from 3.3.
  * shardfs.fuse.lib chooses the library and checks its version; this file opens it and finds the
  * functions. */
 #include "lowlevel.h"
@@ -68,6 +68,29 @@ static const Symbol *bind_group(const Symbol *group, size_t n) {
     return NULL;
 }
 
+/* The release of the library (major * 100 + minor), at least: fuse_version() said 302 from 3.2 to
+ * 3.9, and 3.6.0's fuse_pkgversion() says "3.0.0"; each newer symbol version is a floor. */
+static const struct {
+    const char *name, *version;
+    int release;
+} FLOORS[] = {
+    {"fuse_open_channel", "FUSE_3.3", 303},
+    {"fuse_fs_copy_file_range", "FUSE_3.4", 304},
+    {"fuse_log", "FUSE_3.7", 307},
+    {"fuse_loop_cfg_create", "FUSE_3.12", 312},
+};
+
+static int release_of(void *h, int version) {
+    int release = version, major, minor;
+    const char *(*pkgversion)(void) = (const char *(*)(void))dlsym(h, "fuse_pkgversion");
+    if (pkgversion && sscanf(pkgversion(), "%d.%d", &major, &minor) == 2 && major == 3 && major * 100 + minor > release)
+        release = major * 100 + minor;
+    for (size_t i = 0; i < sizeof FLOORS / sizeof *FLOORS; i++)
+        if (FLOORS[i].release > release && dlvsym(h, FLOORS[i].name, FLOORS[i].version))
+            release = FLOORS[i].release;
+    return release;
+}
+
 static PyObject *libfuse_open(PyObject *module, PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name))
@@ -87,7 +110,8 @@ static PyObject *libfuse_open(PyObject *module, PyObject *args) {
     }
     handle = h;
     *(void **)&libfuse.version = version;
-    return Py_BuildValue("(si)", where.dli_fname, libfuse.version());
+    libfuse.release = release_of(h, libfuse.version());
+    return Py_BuildValue("(si)", where.dli_fname, libfuse.release);
 }
 
 static PyObject *libfuse_bind(PyObject *module, PyObject *unused) {
@@ -95,8 +119,8 @@ static PyObject *libfuse_bind(PyObject *module, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "libfuse_open first");
         return NULL;
     }
-    if (libfuse.version() < LIBFUSE_MIN_VERSION) {
-        PyErr_Format(PyExc_OSError, "libfuse %d is older than %d", libfuse.version(), LIBFUSE_MIN_VERSION);
+    if (libfuse.release < LIBFUSE_MIN_VERSION) {
+        PyErr_Format(PyExc_OSError, "libfuse %d is older than %d", libfuse.release, LIBFUSE_MIN_VERSION);
         return NULL;
     }
     if (libfuse.session_new == NULL) {
@@ -107,13 +131,15 @@ static PyObject *libfuse_bind(PyObject *module, PyObject *unused) {
             return NULL;
         }
         bind_group(LOOP_CONFIG, COUNT_OF(LOOP_CONFIG));
+        libfuse.ops_size = libfuse.release >= 304 ? sizeof(struct fuse_lowlevel_ops)
+                                                    : offsetof(struct fuse_lowlevel_ops, copy_file_range);
     }
     return Py_BuildValue("(sO)", libfuse.pkgversion(), libfuse.loop_cfg_create ? Py_True : Py_False);
 }
 
 PyMethodDef LIBFUSE_METHODS[] = {
     {"libfuse_open", libfuse_open, METH_VARARGS,
-     "libfuse_open(name) -> (path, fuse_version()): dlopen libfuse3 (a path, or a name the loader searches); "
+     "libfuse_open(name) -> (path, release: major * 100 + minor): dlopen libfuse3 (a path, or a name the loader searches); "
      "later calls return the library opened first"},
     {"libfuse_bind", libfuse_bind, METH_NOARGS,
      "libfuse_bind() -> (package version, has the 3.12 loop settings): find the functions the loop calls"},

@@ -5,7 +5,8 @@
  * Written from libfuse's documented ABI (include/fuse_lowlevel.h, include/fuse_common.h,
  * lib/fuse_versionscript), which libfuse keeps stable within major version 3: structs only grow at
  * their end, and a function whose arguments changed keeps its old form under its old symbol
- * version. What differs between the versions we support (3.10 and newer) is noted where declared.
+ * version. What differs between the versions we support (3.3 and newer) is noted where declared;
+ * what an older one lacks, the loop does without (shardfs.fuse.lib logs it once).
  */
 #ifndef SHARDFS_LIBFUSE_H
 #define SHARDFS_LIBFUSE_H
@@ -16,7 +17,9 @@
 #include <sys/statvfs.h>
 #include <sys/types.h>
 
-#define LIBFUSE_MIN_VERSION 310 /* fuse_version() is major * 100 + minor */
+/* major * 100 + minor. 3.3 (RHEL 8) is the oldest that takes a mountpoint /dev/fd/N and has
+ * every function below. */
+#define LIBFUSE_MIN_VERSION 303
 #define FUSE_ROOT_ID 1
 
 typedef uint64_t fuse_ino_t;
@@ -81,7 +84,10 @@ struct fuse_loop_config; /* 3.12 */
 typedef void (*fuse_unused_op)(void); /* a slot the loop leaves empty (libfuse's default answer) */
 
 /* Every member up to copy_file_range (3.4), in libfuse's order; libfuse takes the size we pass,
- * so the operations added after it (lseek, tmpfile, statx) stay at libfuse's defaults. */
+ * so the operations added after it (lseek, tmpfile, statx) stay at libfuse's defaults. 3.3 ends
+ * before copy_file_range: it is given the shorter size (libfuse.ops_size; a larger one costs a
+ * warning on stderr). There libfuse answers a copy ENOSYS and the kernel falls back to writes,
+ * which answer EROFS. */
 struct fuse_lowlevel_ops {
     void (*init)(void *userdata, struct fuse_conn_info *conn);
     fuse_unused_op destroy;
@@ -131,6 +137,8 @@ struct fuse_lowlevel_ops {
 /* libfuse's functions, bound by libfuse_bind (libfuse.c): libfuse.reply_err(req, ENOENT) calls
  * fuse_reply_err. The loop_cfg_* group and session_loop_mt_312 are NULL before 3.12. */
 struct libfuse {
+    int release;     /* major * 100 + minor, found by libfuse_open (libfuse.c: not fuse_version()) */
+    size_t ops_size; /* of the struct fuse_lowlevel_ops this release knows */
     int (*version)(void);
     const char *(*pkgversion)(void);
     struct fuse_session *(*session_new)(struct fuse_args *args, const struct fuse_lowlevel_ops *op, size_t op_size,

@@ -6,6 +6,26 @@
 #include <Python.h>
 #include "libfuse.h"
 
+/* Built against the limited API of CPython 3.10 (setup.py: one abi3 wheel for 3.10 and newer),
+ * which lacks the buffer protocol: it joined the limited API in 3.11, when PEP 3118's Py_buffer,
+ * unchanged since 3.3, was declared stable as it was. CPython 3.10 exports the same functions
+ * with the same struct, so they are declared here, as 3.11's pybuffer.h declares them. */
+#if defined(Py_LIMITED_API) && Py_LIMITED_API + 0 < 0x030B0000
+typedef struct {
+    void *buf;
+    PyObject *obj;
+    Py_ssize_t len, itemsize;
+    int readonly, ndim;
+    char *format;
+    Py_ssize_t *shape, *strides, *suboffsets;
+    void *internal;
+} Py_buffer;
+#define PyBUF_SIMPLE 0
+#define PyBUF_C_CONTIGUOUS 0x0038 /* PyBUF_ND | PyBUF_STRIDES | 0x0020 */
+PyAPI_FUNC(int) PyObject_GetBuffer(PyObject *obj, Py_buffer *view, int flags);
+PyAPI_FUNC(void) PyBuffer_Release(Py_buffer *view);
+#endif
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -123,7 +143,16 @@ typedef struct {
 
 #define COUNT(s, op) atomic_fetch_add_explicit(&(s)->counts[op].n, 1, memory_order_relaxed)
 
-extern PyTypeObject SlotType, TableType, SessionType;
+/* Heap types (the limited API has no static ones), made by PyInit__lowlevel from these specs. */
+extern PyTypeObject *SlotType, *TableType, *SessionType;
+extern PyType_Spec SLOT_SPEC, TABLE_SPEC, SESSION_SPEC;
+
+/* The end of every dealloc: free the object, then drop its reference to its (heap) type. */
+static inline void free_object(PyObject *o) {
+    PyTypeObject *type = Py_TYPE(o);
+    ((freefunc)PyType_GetSlot(type, Py_tp_free))(o);
+    Py_DECREF(type);
+}
 extern const struct fuse_lowlevel_ops LL_OPS;
 extern const char *OP_NAMES[OP_COUNT];
 

@@ -71,6 +71,13 @@ static int python_errno(void) {
     return err;
 }
 
+/* Replies the errno of the Python exception set (python_errno) and lets go of the GIL. */
+static void reply_python_error(fuse_req_t req, PyGILState_STATE g) {
+    int err = python_errno();
+    PyGILState_Release(g);
+    libfuse.reply_err(req, err);
+}
+
 /* ops.<method>(b"/path", *extra) with the GIL; NULL with *err set on failure. */
 static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *method, const char *fmt, ...) {
     const char *path;
@@ -79,7 +86,7 @@ static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *metho
     PyObject *p = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len + 1);
     if (p == NULL)
         return NULL;
-    char *buf = PyBytes_AS_STRING(p);
+    char *buf = PyBytes_AsString(p);
     buf[0] = '/';
     memcpy(buf + 1, path, len);
     PyObject *result;
@@ -92,17 +99,17 @@ static PyObject *call_ops(Session *s, Table *t, uint32_t node, const char *metho
             Py_DECREF(p);
             return NULL;
         }
-        PyObject *argv = PyTuple_New(1 + PyTuple_GET_SIZE(extra));
+        PyObject *argv = PyTuple_New(1 + PyTuple_Size(extra));
         if (argv == NULL) {
             Py_DECREF(p);
             Py_DECREF(extra);
             return NULL;
         }
-        PyTuple_SET_ITEM(argv, 0, p);
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(extra); i++) {
-            PyObject *item = PyTuple_GET_ITEM(extra, i);
+        PyTuple_SetItem(argv, 0, p); /* SetItem steals: fills a new tuple as SET_ITEM would */
+        for (Py_ssize_t i = 0; i < PyTuple_Size(extra); i++) {
+            PyObject *item = PyTuple_GetItem(extra, i);
             Py_INCREF(item);
-            PyTuple_SET_ITEM(argv, i + 1, item);
+            PyTuple_SetItem(argv, i + 1, item);
         }
         Py_DECREF(extra);
         PyObject *fn = PyObject_GetAttrString(s->ops, method);
@@ -311,9 +318,7 @@ static void read_in_python(Session *s, fuse_req_t req, Table *t, uint32_t n, siz
     PyGILState_STATE g = python_enter();
     PyObject *data = call_ops(s, t, n, "read", "(nLO)", (Py_ssize_t)size, (long long)off, Py_None);
     if (data == NULL) {
-        int err = python_errno();
-        PyGILState_Release(g);
-        libfuse.reply_err(req, err);
+        reply_python_error(req, g);
         return;
     }
     Py_buffer view;
@@ -473,22 +478,29 @@ static void ll_statfs(fuse_req_t req, fuse_ino_t ino) {
     libfuse.reply_statfs(req, &st);
 }
 
-static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
-    Session *s = session_of(req);
-    COUNT(s, OP_READLINK);
+/* ops.<method>(path of ino[, name]) with the GIL taken (*g): the result, or NULL once the error is
+ * replied (ENOENT for an unknown ino; the exception's errno) and the GIL let go. */
+static PyObject *ask_python(fuse_req_t req, fuse_ino_t ino, const char *method, const char *name,
+                            PyGILState_STATE *g) {
     Table *t;
     int64_t n = enter_node(req, ino, &t);
     if (n < 0)
-        return;
-    PyGILState_STATE g = python_enter();
-    PyObject *r = call_ops(s, t, (uint32_t)n, "readlink", NULL);
+        return NULL;
+    *g = python_enter();
+    Session *s = session_of(req);
+    PyObject *r = name ? call_ops(s, t, (uint32_t)n, method, "(s)", name) : call_ops(s, t, (uint32_t)n, method, NULL);
     table_leave(t);
-    if (r == NULL) {
-        int err = python_errno();
-        PyGILState_Release(g);
-        libfuse.reply_err(req, err);
+    if (r == NULL)
+        reply_python_error(req, *g);
+    return r;
+}
+
+static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
+    COUNT(session_of(req), OP_READLINK);
+    PyGILState_STATE g;
+    PyObject *r = ask_python(req, ino, "readlink", NULL, &g);
+    if (r == NULL)
         return;
-    }
     PyObject *target = PyUnicode_Check(r) ? PyUnicode_EncodeFSDefault(r) : (Py_INCREF(r), r);
     Py_DECREF(r);
     if (target == NULL || !PyBytes_Check(target)) {
@@ -498,68 +510,58 @@ static void ll_readlink(fuse_req_t req, fuse_ino_t ino) {
         libfuse.reply_err(req, EIO);
         return;
     }
-    libfuse.reply_readlink(req, PyBytes_AS_STRING(target));
+    libfuse.reply_readlink(req, PyBytes_AsString(target));
     Py_DECREF(target);
     PyGILState_Release(g);
 }
 
 static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size) {
-    Session *s = session_of(req);
-    COUNT(s, OP_GETXATTR);
-    Table *t;
-    int64_t n = enter_node(req, ino, &t);
-    if (n < 0)
-        return;
+    COUNT(session_of(req), OP_GETXATTR);
     if (strncmp(name, "user.shardfs.", 13) != 0) { /* ls -l asks every file for ACLs and labels */
+        Table *t;
+        if (enter_node(req, ino, &t) < 0)
+            return;
         table_leave(t);
         libfuse.reply_err(req, ENODATA);
         return;
     }
-    PyGILState_STATE g = python_enter();
-    PyObject *r = call_ops(s, t, (uint32_t)n, "getxattr", "(s)", name);
-    table_leave(t);
-    if (r == NULL || !PyBytes_Check(r)) {
-        int err = r == NULL ? python_errno() : EIO;
-        Py_XDECREF(r);
+    PyGILState_STATE g;
+    PyObject *r = ask_python(req, ino, "getxattr", name, &g);
+    if (r == NULL)
+        return;
+    if (!PyBytes_Check(r)) {
+        Py_DECREF(r);
         PyGILState_Release(g);
-        libfuse.reply_err(req, err);
+        libfuse.reply_err(req, EIO);
         return;
     }
-    reply_xattr(req, size, PyBytes_AS_STRING(r), (size_t)PyBytes_GET_SIZE(r));
+    reply_xattr(req, size, PyBytes_AsString(r), (size_t)PyBytes_Size(r));
     Py_DECREF(r);
     PyGILState_Release(g);
 }
 
 static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-    Session *s = session_of(req);
-    COUNT(s, OP_LISTXATTR);
-    Table *t;
-    int64_t n = enter_node(req, ino, &t);
-    if (n < 0)
+    COUNT(session_of(req), OP_LISTXATTR);
+    PyGILState_STATE g;
+    PyObject *r = ask_python(req, ino, "listxattr", NULL, &g);
+    if (r == NULL)
         return;
-    PyGILState_STATE g = python_enter();
-    PyObject *r = call_ops(s, t, (uint32_t)n, "listxattr", NULL);
-    table_leave(t);
-    PyObject *joined = NULL;
-    if (r != NULL) { /* "a\0b\0" from ["a", "b"] */
-        PyObject *sep = PyUnicode_FromStringAndSize("\0", 1);
-        PyObject *body = sep ? PyUnicode_Join(sep, r) : NULL;
-        if (body != NULL) {
-            joined = PyUnicode_GET_LENGTH(body) ? PyUnicode_FromFormat("%U%c", body, 0) : (Py_INCREF(body), body);
-            Py_DECREF(body);
-        }
-        Py_XDECREF(sep);
-        Py_DECREF(r);
+    /* "a\0b\0" from ["a", "b"] */
+    PyObject *joined = NULL, *sep = PyUnicode_FromStringAndSize("\0", 1);
+    PyObject *body = sep ? PyUnicode_Join(sep, r) : NULL;
+    if (body != NULL) {
+        joined = PyUnicode_GetLength(body) ? PyUnicode_FromFormat("%U%c", body, 0) : (Py_INCREF(body), body);
+        Py_DECREF(body);
     }
+    Py_XDECREF(sep);
+    Py_DECREF(r);
     PyObject *bytes = joined ? PyUnicode_EncodeFSDefault(joined) : NULL;
     Py_XDECREF(joined);
     if (bytes == NULL) {
-        int err = python_errno();
-        PyGILState_Release(g);
-        libfuse.reply_err(req, err);
+        reply_python_error(req, g);
         return;
     }
-    reply_xattr(req, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+    reply_xattr(req, size, PyBytes_AsString(bytes), (size_t)PyBytes_Size(bytes));
     Py_DECREF(bytes);
     PyGILState_Release(g);
 }

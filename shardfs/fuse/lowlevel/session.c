@@ -13,7 +13,7 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     int push = 1;
     static char *kwlist[] = {"ops", "table", "mountpoint", "options", "entry_timeout", "negative_timeout", "push",
                              NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|p", kwlist, &ops, &TableType, &table, &mountpoint,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|p", kwlist, &ops, TableType, &table, &mountpoint,
                                      &options, &entry_timeout, &negative_timeout, &push))
         return -1;
     if (libfuse.session_new == NULL) {
@@ -33,7 +33,7 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     s->push = push;
     char *argv[] = {"shardfs", "-o", (char *)options, NULL};
     struct fuse_args fargs = {.argc = 3, .argv = argv};
-    s->se = libfuse.session_new(&fargs, &LL_OPS, sizeof LL_OPS, s);
+    s->se = libfuse.session_new(&fargs, &LL_OPS, libfuse.ops_size, s);
     if (s->se == NULL) {
         PyErr_Format(PyExc_OSError, "libfuse refused the options %s (see the lines above)", options);
         return -1;
@@ -87,7 +87,7 @@ static PyObject *session_loop(Session *s, PyObject *args) {
 
 static PyObject *session_set_table(Session *s, PyObject *args) {
     Table *table;
-    if (!PyArg_ParseTuple(args, "O!", &TableType, &table))
+    if (!PyArg_ParseTuple(args, "O!", TableType, &table))
         return NULL;
     Py_INCREF(table);
     Table *old = atomic_exchange(&s->table, table);
@@ -166,7 +166,7 @@ static void session_dealloc(Session *s) {
     Table *t = atomic_load(&s->table);
     Py_XDECREF(t);
     Py_XDECREF(s->ops);
-    Py_TYPE(s)->tp_free((PyObject *)s);
+    free_object((PyObject *)s);
 }
 
 static PyMethodDef session_methods[] = {
@@ -179,35 +179,43 @@ static PyMethodDef session_methods[] = {
     {"exit", (PyCFunction)session_exit, METH_NOARGS, "end the loop"},
     {NULL}};
 
-PyTypeObject SessionType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Session",
-    .tp_basicsize = sizeof(Session),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout, push=True): a mounted FUSE "
-              "session; push: a member looked up is put in the page cache with the isatty of its open()",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)session_init,
-    .tp_dealloc = (destructor)session_dealloc,
-    .tp_methods = session_methods,
-};
+static PyType_Slot session_slots[] = {
+    {Py_tp_doc, "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout, push=True): a mounted FUSE "
+                "session; push: a member looked up is put in the page cache with the isatty of its open()"},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, session_init},
+    {Py_tp_dealloc, session_dealloc},
+    {Py_tp_methods, session_methods},
+    {0, NULL}};
+
+PyTypeObject *SessionType;
+PyType_Spec SESSION_SPEC = {"shardfs.fuse._lowlevel.Session", sizeof(Session), 0, Py_TPFLAGS_DEFAULT,
+                            session_slots};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_lowlevel",
                                     "The request loop of shardfs on libfuse's low-level API.", -1, LIBFUSE_METHODS};
 
+/* The type made from spec, in *type and in the module as name. */
+static int add_type(PyObject *m, const char *name, PyType_Spec *spec, PyTypeObject **type) {
+    *type = (PyTypeObject *)PyType_FromSpec(spec);
+    if (*type == NULL)
+        return -1;
+    Py_INCREF(*type); /* one for *type, one that PyModule_AddObject takes */
+    if (PyModule_AddObject(m, name, (PyObject *)*type) < 0) {
+        Py_DECREF(*type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__lowlevel(void) {
     if (zlib_bind() < 0)
-        return NULL;
-    if (PyType_Ready(&SlotType) < 0 || PyType_Ready(&TableType) < 0 || PyType_Ready(&SessionType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&MODULE);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&SlotType);
-    Py_INCREF(&TableType);
-    Py_INCREF(&SessionType);
-    if (PyModule_AddObject(m, "Slot", (PyObject *)&SlotType) < 0 ||
-        PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0 ||
-        PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0 ||
+    if (add_type(m, "Slot", &SLOT_SPEC, &SlotType) < 0 || add_type(m, "Table", &TABLE_SPEC, &TableType) < 0 ||
+        add_type(m, "Session", &SESSION_SPEC, &SessionType) < 0 ||
         PyModule_AddIntConstant(m, "CHUNK_LOADED", CHUNK_LOADED) < 0) {
         Py_DECREF(m);
         return NULL;

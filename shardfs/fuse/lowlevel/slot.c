@@ -174,7 +174,7 @@ static PyObject *slot_hits(Slot *s, void *closure) {
 static void slot_dealloc(Slot *s) {
     slot_release(s);
     slot_release_file(s);
-    Py_TYPE(s)->tp_free((PyObject *)s);
+    free_object((PyObject *)s);
 }
 
 /* Pinned bytes [off, off+len) of the shard if every chunk holding them is loaded, else NULL
@@ -327,14 +327,14 @@ static PyGetSetDef slot_getset[] = {
     {"disk_hits", (getter)slot_disk_hits, NULL, "(reads, bytes) served from the disk-tier file", NULL},
     {NULL}};
 
-PyTypeObject SlotType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Slot",
-    .tp_basicsize = sizeof(Slot),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One shard's bytes as the request loop reads them: its buffer in the RAM cache, its disk-tier file.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)slot_init,
-    .tp_dealloc = (destructor)slot_dealloc,
-    .tp_methods = slot_methods,
-    .tp_getset = slot_getset,
-};
+static PyType_Slot slot_slots[] = {
+    {Py_tp_doc, "One shard's bytes as the request loop reads them: its buffer in the RAM cache, its disk-tier file."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, slot_init},
+    {Py_tp_dealloc, slot_dealloc},
+    {Py_tp_methods, slot_methods},
+    {Py_tp_getset, slot_getset},
+    {0, NULL}};
+
+PyTypeObject *SlotType;
+PyType_Spec SLOT_SPEC = {"shardfs.fuse._lowlevel.Slot", sizeof(Slot), 0, Py_TPFLAGS_DEFAULT, slot_slots};

@@ -142,6 +142,44 @@ static int take_array(PyObject *arrays, const char *name, const void **out, Py_s
     return rc;
 }
 
+/* The arrays a Table keeps, by the name of its field (and of the key in the arrays dict), with the
+ * element size of the field and how many elements it must hold. */
+enum { NODES, SORTED, DIRS, DIRS_1 /* ndirs + 1 */, MEMBERS, SHARDS };
+#define ARRAY(field, count) {#field, offsetof(Table, field), sizeof(*((Table *)0)->field), count}
+static const struct {
+    const char *name;
+    size_t field;
+    Py_ssize_t itemsize;
+    int count;
+} ARRAYS[] = {
+    ARRAY(ino, NODES),         ARRAY(by_ino, SORTED),   ARRAY(by_ino_node, SORTED), ARRAY(dir_name_end, DIRS),
+    ARRAY(dir_mode, DIRS),     ARRAY(dir_nlink, DIRS),  ARRAY(dir_mtime_ns, DIRS),  ARRAY(dir_parent, DIRS),
+    ARRAY(child_start, DIRS_1), ARRAY(name_end, MEMBERS), ARRAY(size, MEMBERS),     ARRAY(offset, MEMBERS),
+    ARRAY(shard, MEMBERS),     ARRAY(mode, MEMBERS),    ARRAY(kind, MEMBERS),       ARRAY(mtime, MEMBERS),
+    ARRAY(shard_raw, SHARDS),
+};
+
+/* Every index in the arrays points into them (the loop trusts them from then on); a ValueError if not. */
+static int check_arrays(const Table *t, const uint32_t *children, uint32_t nchildren, Py_ssize_t dir_names_len,
+                        Py_ssize_t names_len) {
+    uint64_t nn = (uint64_t)t->ndirs + t->nmembers;
+    const char *wrong = NULL;
+    if (t->dir_name_end[t->ndirs - 1] > dir_names_len || (t->nmembers && t->name_end[t->nmembers - 1] > names_len))
+        wrong = "name ends past the names";
+    for (uint32_t i = 0; !wrong && i < nchildren; i++)
+        if (children[i] >= nn)
+            wrong = "a child is not a node";
+    for (uint32_t i = 0; !wrong && i < t->nsorted; i++)
+        if (t->by_ino_node[i] >= nn || (i && t->by_ino[i - 1] >= t->by_ino[i]))
+            wrong = "by_ino must be strictly ascending and name nodes";
+    for (uint32_t i = 0; !wrong && i < t->nmembers; i++)
+        if (t->shard[i] >= t->nshards)
+            wrong = "a member's shard is out of range";
+    if (wrong)
+        PyErr_SetString(PyExc_ValueError, wrong);
+    return wrong ? -1 : 0;
+}
+
 static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     PyObject *arrays, *view, *slots;
     unsigned int ndirs, nmembers, nshards, nsorted, symlink_kind, uid, gid;
@@ -156,7 +194,7 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "a table has at least the root directory");
         return -1;
     }
-    nshards = (unsigned int)PyTuple_GET_SIZE(slots);
+    nshards = (unsigned int)PyTuple_Size(slots);
     t->keep = PyList_New(0);
     if (t->keep == NULL)
         return -1;
@@ -168,54 +206,25 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     }
     if (PyList_Append(t->keep, dir_names) < 0 || PyList_Append(t->keep, names) < 0)
         return -1;
-    t->dir_names = PyBytes_AS_STRING(dir_names);
-    t->names = PyBytes_AS_STRING(names);
+    t->dir_names = PyBytes_AsString(dir_names);
+    t->names = PyBytes_AsString(names);
     Py_ssize_t nn = (Py_ssize_t)ndirs + nmembers;
+    const Py_ssize_t counts[] = {[NODES] = nn,         [SORTED] = nsorted,    [DIRS] = ndirs,
+                                 [DIRS_1] = ndirs + 1, [MEMBERS] = nmembers, [SHARDS] = nshards};
+    for (size_t i = 0; i < sizeof ARRAYS / sizeof *ARRAYS; i++)
+        if (take_array(arrays, ARRAYS[i].name, (const void **)((char *)t + ARRAYS[i].field), ARRAYS[i].itemsize,
+                       counts[ARRAYS[i].count], t->keep) < 0)
+            return -1;
     const void *children;
-    if (take_array(arrays, "ino", (const void **)&t->ino, 8, nn, t->keep) < 0 ||
-        take_array(arrays, "by_ino", (const void **)&t->by_ino, 8, nsorted, t->keep) < 0 ||
-        take_array(arrays, "by_ino_node", (const void **)&t->by_ino_node, 4, nsorted, t->keep) < 0 ||
-        take_array(arrays, "dir_name_end", (const void **)&t->dir_name_end, 8, ndirs, t->keep) < 0 ||
-        take_array(arrays, "dir_mode", (const void **)&t->dir_mode, 4, ndirs, t->keep) < 0 ||
-        take_array(arrays, "dir_nlink", (const void **)&t->dir_nlink, 4, ndirs, t->keep) < 0 ||
-        take_array(arrays, "dir_mtime_ns", (const void **)&t->dir_mtime_ns, 8, ndirs, t->keep) < 0 ||
-        take_array(arrays, "dir_parent", (const void **)&t->dir_parent, 4, ndirs, t->keep) < 0 ||
-        take_array(arrays, "child_start", (const void **)&t->child_start, 4, ndirs + 1, t->keep) < 0 ||
-        take_array(arrays, "name_end", (const void **)&t->name_end, 8, nmembers, t->keep) < 0 ||
-        take_array(arrays, "size", (const void **)&t->size, 8, nmembers, t->keep) < 0 ||
-        take_array(arrays, "offset", (const void **)&t->offset, 8, nmembers, t->keep) < 0 ||
-        take_array(arrays, "shard", (const void **)&t->shard, 4, nmembers, t->keep) < 0 ||
-        take_array(arrays, "mode", (const void **)&t->mode, 2, nmembers, t->keep) < 0 ||
-        take_array(arrays, "kind", (const void **)&t->kind, 1, nmembers, t->keep) < 0 ||
-        take_array(arrays, "mtime", (const void **)&t->mtime, 8, nmembers, t->keep) < 0 ||
-        take_array(arrays, "shard_raw", (const void **)&t->shard_raw, 1, nshards, t->keep) < 0)
-        return -1;
     uint32_t nchildren = t->child_start[ndirs];
     if (take_array(arrays, "children", &children, 4, nchildren, NULL) < 0)
         return -1;
-    if (t->dir_name_end[ndirs - 1] > PyBytes_GET_SIZE(dir_names) ||
-        (nmembers && t->name_end[nmembers - 1] > PyBytes_GET_SIZE(names))) {
-        PyErr_SetString(PyExc_ValueError, "name ends past the names");
+    t->ndirs = ndirs;
+    t->nmembers = nmembers;
+    t->nshards = nshards;
+    t->nsorted = nsorted;
+    if (check_arrays(t, children, nchildren, PyBytes_Size(dir_names), PyBytes_Size(names)) < 0)
         return -1;
-    }
-    for (uint32_t i = 0; i < nchildren; i++) {
-        if (((const uint32_t *)children)[i] >= nn) {
-            PyErr_SetString(PyExc_ValueError, "a child is not a node");
-            return -1;
-        }
-    }
-    for (uint32_t i = 0; i < nsorted; i++) {
-        if (t->by_ino_node[i] >= nn || (i && t->by_ino[i - 1] >= t->by_ino[i])) {
-            PyErr_SetString(PyExc_ValueError, "by_ino must be strictly ascending and name nodes");
-            return -1;
-        }
-    }
-    for (uint32_t i = 0; i < nmembers; i++) {
-        if (t->shard[i] >= nshards) {
-            PyErr_SetString(PyExc_ValueError, "a member's shard is out of range");
-            return -1;
-        }
-    }
     /* Our own sorted copy: lookups are a binary search by name within the directory. */
     t->children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
     t->slots = PyMem_Calloc(nshards ? nshards : 1, sizeof(Slot *));
@@ -225,10 +234,6 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
         return -1;
     }
     memcpy(t->children, children, nchildren * sizeof(uint32_t));
-    t->ndirs = ndirs;
-    t->nmembers = nmembers;
-    t->nshards = nshards;
-    t->nsorted = nsorted;
     t->symlink_kind = symlink_kind;
     t->uid = uid;
     t->gid = gid;
@@ -242,10 +247,10 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     }
     Py_END_ALLOW_THREADS
     for (uint32_t s = 0; s < nshards; s++) {
-        PyObject *slot = PyTuple_GET_ITEM(slots, s);
+        PyObject *slot = PyTuple_GetItem(slots, s);
         if (slot == Py_None)
             continue;
-        if (!PyObject_TypeCheck(slot, &SlotType)) {
+        if (!PyObject_TypeCheck(slot, SlotType)) {
             PyErr_SetString(PyExc_TypeError, "slots holds Slot objects or None");
             return -1;
         }
@@ -281,7 +286,7 @@ static void table_dealloc(Table *t) {
     PyMem_Free((void *)t->unread);
     Py_XDECREF(t->view);
     Py_XDECREF(t->keep);
-    Py_TYPE(t)->tp_free((PyObject *)t);
+    free_object((PyObject *)t);
 }
 
 static PyMethodDef table_methods[] = {
@@ -289,13 +294,13 @@ static PyMethodDef table_methods[] = {
      "lookup(parent_ino, name) -> ino or None: the request loop's lookup, for tests"},
     {NULL}};
 
-PyTypeObject TableType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse._lowlevel.Table",
-    .tp_basicsize = sizeof(Table),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One view of the dataset as the request loop answers from it.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)table_init,
-    .tp_dealloc = (destructor)table_dealloc,
-    .tp_methods = table_methods,
-};
+static PyType_Slot table_slots[] = {
+    {Py_tp_doc, "One view of the dataset as the request loop answers from it."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, table_init},
+    {Py_tp_dealloc, table_dealloc},
+    {Py_tp_methods, table_methods},
+    {0, NULL}};
+
+PyTypeObject *TableType;
+PyType_Spec TABLE_SPEC = {"shardfs.fuse._lowlevel.Table", sizeof(Table), 0, Py_TPFLAGS_DEFAULT, table_slots};
