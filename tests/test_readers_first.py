@@ -2,6 +2,7 @@
 
 import threading
 
+from conftest import wait_for
 from shardfs.storage.readers_first import QUIET_S, SHORT_RUN, ReadersFirst
 
 FULL = 8
@@ -16,6 +17,17 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _held_back(priority: ReadersFirst, entered: threading.Event) -> bool:
+    """A background thread is provably waiting for its turn: it sleeps on the condition (the state,
+    not a pause long enough for it to have got there), and has not entered."""
+    def waiting() -> bool:
+        assert not entered.is_set(), "it got a turn"
+        return len(priority._cv._waiters) == 1
+
+    wait_for(waiting, "no thread waits for a turn")
+    return not entered.is_set()
 
 
 def _background_in_thread(priority: ReadersFirst, run: int = FULL):
@@ -41,7 +53,7 @@ def test_without_readers_the_background_runs_full_runs_side_by_side():
     try:
         assert a[1].wait(10) and b[1].wait(10)
         assert a[3] == [FULL] and b[3] == [FULL]
-        assert not c[1].wait(0.3)  # a third waits for one of the two
+        assert _held_back(priority, c[1])  # a third waits for one of the two
         a[2].set()
         assert c[1].wait(10) and c[3] == [FULL]
     finally:
@@ -54,7 +66,7 @@ def test_a_reader_waiting_holds_the_background_back_until_its_read_ends():
     priority = ReadersFirst(background=2, clock=Clock())
     with priority.demand():
         t, entered, release, got = _background_in_thread(priority)
-        assert not entered.wait(0.3)  # no turn while the reader's read is under way
+        assert _held_back(priority, entered)  # no turn while the reader's read is under way
     try:
         # The read ended: the background gets one short turn at once, while readers may still wait.
         assert entered.wait(10) and got == [SHORT_RUN]
@@ -75,7 +87,7 @@ def test_one_background_request_per_demand_read_while_readers_wait_then_full_run
     # No turn is owed any more: the next goes only once the readers are quiet, with a full run.
     second = _background_in_thread(priority)
     try:
-        assert not second[1].wait(0.3)
+        assert _held_back(priority, second[1])
         clock.now += QUIET_S
         assert second[1].wait(10) and second[3] == [FULL]
     finally:
