@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import wait_for
+from conftest import DEADLINE, wait_for
 from shardfs.storage import ram as cache_mod
 from shardfs.storage.memory import parse_size
 from shardfs.storage.ram import ShardCache
@@ -171,7 +171,7 @@ def test_demanded_loads_go_before_prefetch():
 
     def load(shard, priority):
         taken.set()
-        assert gate.wait(60)
+        assert gate.wait(DEADLINE)
         order.append(shard)
         if len(order) == 5:
             done.set()
@@ -179,13 +179,13 @@ def test_demanded_loads_go_before_prefetch():
     queue = cache_mod.LoadQueue(1, load)  # shards stand for themselves here: any hashable key works
     try:
         queue.put(0, cache_mod.PRIORITY_PREFETCH)
-        assert taken.wait(60)  # the only worker holds shard 0: the others queue behind it
+        assert taken.wait(DEADLINE)  # the only worker holds shard 0: the others queue behind it
         for s in (1, 2, 3):
             queue.put(s, cache_mod.PRIORITY_PREFETCH)
         queue.put(3, cache_mod.PRIORITY_DEMAND)
         queue.put(4, cache_mod.PRIORITY_DEMAND)
         gate.set()
-        assert done.wait(60), order
+        assert done.wait(DEADLINE), order
         assert order == [0, 3, 4, 1, 2]
     finally:
         gate.set()

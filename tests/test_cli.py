@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
+from conftest import DEADLINE, force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
 from benchlib import sample
 from shardfs.service.mount import process_alive
 
@@ -96,7 +96,7 @@ def test_foreground_daemon_exits_zero_on_sigterm_and_unmounts(tar_shards, tmp_pa
     try:
         wait_mounted(mnt, daemon)
         daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0
+        assert daemon.wait(timeout=DEADLINE) == 0
         assert not os.path.ismount(mnt)
         assert "unmounted" in daemon.stderr.read()
     finally:

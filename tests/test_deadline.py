@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from conftest import wait_for
+from conftest import DEADLINE, wait_for
 from shardfs.storage import deadline
 
 
@@ -26,7 +26,7 @@ def _stuck_place(pool, release, name: str) -> deadline.Place:
             pool.run(place, blocked, timeout=timeout)
         assert place.down_since is not None
         if place.stuck:
-            assert started.wait(60)  # it runs, blocked, holding a pool thread
+            assert started.wait(DEADLINE)  # it runs, blocked, holding a pool thread
             return place
         assert not started.is_set()  # cancelled before it ran
         timeout *= 2

@@ -15,7 +15,7 @@ import pytest
 
 import shardfs
 from benchlib import sample
-from conftest import memory_v1_root, needs_fuse, remove_cgroup, shardfs_cmd
+from conftest import DEADLINE, memory_v1_root, needs_fuse, remove_cgroup, shardfs_cmd
 from shardfs.service.api import MountError
 
 pytestmark = needs_fuse
@@ -78,7 +78,7 @@ def test_run_forwards_sigterm_to_the_command(tar_shards, tmp_path):
     try:
         assert runner.stdout.readline().strip().endswith("ready")
         runner.terminate()
-        assert runner.wait(timeout=60) == 5
+        assert runner.wait(timeout=DEADLINE) == 5
         assert marker.exists()
     finally:
         if runner.poll() is None:
@@ -224,7 +224,7 @@ class _Command:
         self.write(b"report\n")
         counts = self.until("counts")
         self.write(b"exit\n")
-        assert self.runner.wait(timeout=60) == 0
+        assert self.runner.wait(timeout=DEADLINE) == 0
         return counts
 
     def end(self) -> None:

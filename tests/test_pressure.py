@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from conftest import memory_v1_root, needs_fuse, needs_memory_v1, remove_cgroup, shardfs_cmd, wait_for
+from conftest import (DEADLINE, memory_v1_root, needs_fuse, needs_memory_v1, remove_cgroup, shardfs_cmd,
+                      wait_for)
 from shardfs.fuse.stats import STATS_XATTR
 from shardfs.service.mount import process_alive
 from shardfs.storage.local import LocalShard
@@ -354,7 +355,7 @@ def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
         assert read_all_correct()  # served member by member now, still the right bytes
 
         allocator.stdin.close()
-        assert allocator.wait(timeout=60) == 0  # it exited by itself: not OOM-killed
+        assert allocator.wait(timeout=DEADLINE) == 0  # it exited by itself: not OOM-killed
         wait_for(lambda: figures()["memory"]["budget_bytes"] == 300 * MiB, lambda: figures()["memory"])
         assert figures()["memory"]["state"] == "calm"
         assert read_all_correct()

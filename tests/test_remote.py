@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 
-from conftest import (drop_page_cache, force_unmount, needs_fuse, read_concurrently, read_in_background, shardfs_cmd,
-                      wait_for)
+from conftest import (DEADLINE, drop_page_cache, force_unmount, needs_fuse, read_concurrently, read_in_background,
+                      shardfs_cmd, wait_for)
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -439,12 +439,12 @@ def test_a_store_that_stops_answering_holds_storage_reads_not_fuse_workers(store
 
         checked = threading.Event()
         threading.Thread(target=rest_answers, daemon=True).start()
-        assert checked.wait(120), "the rest of the tree waited for the store"
+        assert checked.wait(DEADLINE), "the rest of the tree waited for the store"
         assert all(t.is_alive() for t in threads) and not results
     finally:
         p.arm()  # the store answers again: the waiting reads get their bytes
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=DEADLINE)
     assert {os.path.relpath(k, m.path): v for k, v in results.items()} == {
         rel: (sample_tree / rel).read_bytes() for rel in names}
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
+from conftest import DEADLINE, force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
 
 pytestmark = needs_fuse
 
@@ -53,7 +53,7 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
         assert any("disk tier" in m for m in later if m.startswith("STATUS="))
         assert (tmp_path / "cache" / "tier").is_dir()
         daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0
+        assert daemon.wait(timeout=DEADLINE) == 0
         assert any("STOPPING=1" in m for m in _messages(sock, "STOPPING=1"))
         assert not os.path.ismount(mnt)
         log = daemon.stderr.read()

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from conftest import drop_page_cache, needs_fuse, read_concurrently, read_in_background, wait_for
+from conftest import (DEADLINE, drop_page_cache, needs_fuse, read_concurrently, read_in_background,
+                      wait_for)
 from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
 
@@ -110,12 +111,12 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
         checked = threading.Event()
         checker = threading.Thread(target=rest_answers, daemon=True)
         checker.start()
-        assert checked.wait(120), "the rest of the tree waited for the hung reads"
+        assert checked.wait(DEADLINE), "the rest of the tree waited for the hung reads"
         assert held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
     finally:
         flag.unlink()  # the storage answers again: the held reads get their bytes
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=DEADLINE)
     assert results == {os.path.join(m.path, n): files[n] for n in names}
 
 

@@ -82,13 +82,13 @@ def _waits_at_exit_for_the_stuck_job(pool: str) -> None:
 def test_results_errors_cancelled_work_and_the_thread_bound():
     pool, release = DaemonPool(2, "test", initializer=lambda: setattr(marks, "ran", True)), threading.Event()
     marks = threading.local()
-    assert pool.submit(lambda: getattr(marks, "ran", False)).result(timeout=10) is True  # on a pool thread
+    assert pool.submit(lambda: getattr(marks, "ran", False)).result(timeout=DEADLINE) is True  # on a pool thread
     with pytest.raises(ZeroDivisionError):
-        pool.submit(lambda: 1 / 0).result(timeout=10)
+        pool.submit(lambda: 1 / 0).result(timeout=DEADLINE)
     started = threading.Semaphore(0)
     busy = [pool.submit(lambda: (started.release(), release.wait(), threading.current_thread().daemon)[2])
             for _ in range(2)]
-    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both under way
+    assert started.acquire(timeout=DEADLINE) and started.acquire(timeout=DEADLINE)  # both under way
     queued = pool.submit(lambda: "never")
     assert pool._threads == 2  # no third thread: the third job waits in the queue
     pool.shutdown(cancel_futures=True)
@@ -96,4 +96,4 @@ def test_results_errors_cancelled_work_and_the_thread_bound():
     with pytest.raises(RuntimeError):
         pool.submit(lambda: None)
     release.set()
-    assert [f.result(timeout=10) for f in busy] == [True, True]  # work under way finishes, on daemon threads
+    assert [f.result(timeout=DEADLINE) for f in busy] == [True, True]  # work under way finishes, on daemon threads
