@@ -25,18 +25,67 @@ def fuse_available() -> bool:
 needs_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount3")
 
 
+needs_scontrol = pytest.mark.skipif(shutil.which("scontrol") is None,
+                                    reason="needs Slurm's scontrol to expand node lists (apt-get install slurm-client)")
+
+
 def force_unmount(path: str, pid: int | None = None) -> None:
     """fusermount3 -u, then lazy; wait for the daemon (by pid, never by name), SIGTERM when it stays."""
     Mounted(path, pid=pid).unmount(wait=10)
 
 
-def wait_for(condition, what: str, seconds: float = 90) -> None:
-    """Until ``condition()`` holds (a state, looked at every 50 ms); fails with ``what`` after
-    ``seconds``, a bound for a broken case, not a wait that a slow machine could outrun."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
+# The suite's one bound on waiting for a state: generous, so a loaded machine never reaches it
+# and only a broken case does (SHARDFS_TEST_DEADLINE to change it).
+DEADLINE = float(os.environ.get("SHARDFS_TEST_DEADLINE", "180"))
+
+
+def wait_for(condition, what):
+    """Until ``condition()`` returns something true, looked at every 50 ms; returns that value.
+    Fails with ``what`` (a message, or a callable giving one at that moment) after DEADLINE.
+    A condition may itself fail at once (an assert that the daemon still runs)."""
+    deadline = time.monotonic() + DEADLINE
+    while not (got := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {DEADLINE:.0f} s: {what() if callable(what) else what}")
         time.sleep(0.05)
+    return got
+
+
+def wait_mounted(mnt, proc) -> None:
+    """Until ``mnt`` is a mount point; fails at once if ``proc`` (what mounts it) exits first."""
+    def mounted() -> bool:
+        assert proc.poll() is None, f"{proc.args} exited ({proc.returncode}) before {mnt} was mounted"
+        return os.path.ismount(mnt)
+
+    wait_for(mounted, f"{mnt} was not mounted")
+
+
+def memory_v1_root() -> str | None:
+    """Where the cgroup v1 memory controller is mounted, if it is (this machine kind: yes)."""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _dev, where, kind, options = line.split()[:4]
+            if kind == "cgroup" and "memory" in options.split(","):
+                return where
+    return None
+
+
+needs_memory_v1 = pytest.mark.skipif(os.getuid() != 0 or memory_v1_root() is None,
+                                     reason="needs root and the cgroup v1 memory controller mounted")
+
+
+def remove_cgroup(group: str) -> None:
+    """rmdir a cgroup once the processes that were in it have left."""
+    def removed() -> bool:
+        try:
+            os.rmdir(group)
+        except FileNotFoundError:
+            return True
+        except OSError:  # a process still leaving it
+            return False
+        return True
+
+    wait_for(removed, f"{group} still holds processes")
 
 
 def read_in_background(paths: list) -> tuple[list[threading.Thread], dict]:
@@ -54,6 +103,16 @@ def read_in_background(paths: list) -> tuple[list[threading.Thread], dict]:
     for t in threads:
         t.start()
     return threads, results
+
+
+def read_concurrently(paths: list) -> dict:
+    """Read each file on a thread of its own and wait for every read to end (fails if one is still
+    waiting after DEADLINE): path -> its bytes, or the errno of its OSError."""
+    threads, results = read_in_background(paths)
+    for t in threads:
+        t.join(DEADLINE)
+    assert not any(t.is_alive() for t in threads), f"reads still waiting after {DEADLINE:.0f} s"
+    return {path: got.errno if isinstance(got, OSError) else got for path, got in results.items()}
 
 
 def drop_page_cache(path) -> None:

@@ -5,9 +5,8 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 
-from conftest import force_unmount
+from conftest import force_unmount, wait_mounted
 
 FAULTYFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faultyfs.py")
 
@@ -20,10 +19,7 @@ def faulty_mount(src, mnt, name: str, start: int, end: int, hang_while=None):
     proc = subprocess.Popen([sys.executable, FAULTYFS, str(src), str(mnt), name, str(start), str(end),
                              *([str(hang_while)] if hang_while else [])], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            assert proc.poll() is None and time.monotonic() < deadline, "faulty fs did not mount"
-            time.sleep(0.05)
+        wait_mounted(mnt, proc)
         yield proc
     finally:
         if hang_while:

@@ -36,6 +36,7 @@ import sys
 import time
 
 from benchlib.cli import REPO
+from conftest import wait_for
 from shardfs.service.mount import process_alive
 
 PYTHON = os.path.realpath(sys.executable)
@@ -51,7 +52,29 @@ def missing_parts(nodes: int = 1) -> str | None:
     for name in (*DAEMONS, "unshare", "runuser", "fusermount3", *(("ip", "nsenter") if nodes > 1 else ())):
         if not shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
             return f"{name} is missing (apt-get install slurmctld slurmd slurm-client munge fuse3 iproute2)"
-    return NodeNetwork.unsupported() if nodes > 1 else None
+    return cgroup_v1_missing() or (NodeNetwork.unsupported() if nodes > 1 else None)
+
+
+# cgroup.conf below says CgroupPlugin=cgroup/v1: task/cgroup makes --mem a real limit in the memory
+# controller, proctrack/cgroup tracks a job's processes in the freezer; Slurm looks for each under
+# /sys/fs/cgroup/<controller> (CgroupMountpoint).
+V1_CONTROLLERS = ("memory", "freezer")
+
+
+def cgroup_v1_missing(mounts: str = "/proc/self/mounts") -> str | None:
+    """Why the cgroup v1 hierarchies the cluster's cgroup.conf needs are not here, or None."""
+    mounted = {}
+    with open(mounts) as f:
+        for line in f:
+            _dev, where, kind, options = line.split()[:4]
+            if kind == "cgroup":
+                mounted.update({opt: where for opt in options.split(",") if opt in V1_CONTROLLERS})
+    missing = [c for c in V1_CONTROLLERS if mounted.get(c) != f"/sys/fs/cgroup/{c}"]
+    if not missing:
+        return None
+    return (f"the test cluster runs Slurm's cgroup/v1 plugin, which needs the cgroup v1 {' and '.join(missing)} "
+            f"controller at /sys/fs/cgroup/<name> (v1 mounts here: {mounted or 'none'}; a cgroup v2 node "
+            "needs CgroupPlugin=cgroup/v2, which this helper does not write)")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -185,15 +208,15 @@ class SlurmCluster:
 
     # ---- start ------------------------------------------------------------------
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self) -> None:
         """Start everything; on failure stop what started (and remove the namespaces) and raise."""
         try:
-            self._start(timeout)
+            self._start()
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, timeout: float) -> None:
+    def _start(self) -> None:
         for sub in ("munge", "state", "spool", "log", "ns"):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         os.chmod(self.top, 0o755)
@@ -215,7 +238,7 @@ class SlurmCluster:
         self._daemon(ctld, "slurmctld")
         for node in self.nodes:
             self._start_slurmd(node)
-        self._wait_idle(timeout)
+        self._wait_idle()
 
     def _start_munge(self) -> None:
         munge = pwd.getpwnam("munge")
@@ -308,30 +331,30 @@ class SlurmCluster:
             cmd = ["nsenter", f"--net=/run/netns/{node.netns}", *cmd]
         self._daemon(cmd, node.name, log_name=f"slurmd-{node.name}")
 
-    def _daemon(self, cmd: list[str], name: str, user: str | None = None, timeout: float = 30,
-                log_name: str | None = None) -> None:
+    def _daemon(self, cmd: list[str], name: str, user: str | None = None, log_name: str | None = None) -> None:
         """Start a daemon in the foreground (so that we reap it) and wait for its pid file."""
         log = open(os.path.join(self.dir, "log", f"{log_name or name}.out"), "wb")
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 user=user, group=user, extra_groups=[] if user else None, start_new_session=True)
         log.close()
         self.procs.append(proc)
-        deadline = time.monotonic() + timeout
-        while _read_pid(self.pid_files[name]) != proc.pid:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start (exit status {proc.poll()})\n{self.logs()}")
-            time.sleep(0.05)
 
-    def _wait_idle(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        def started() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {proc.returncode}\n{self.logs()}")
+            return _read_pid(self.pid_files[name]) == proc.pid
+
+        wait_for(started, lambda: f"{name} wrote no pid file\n{self.logs()}")
+
+    def _wait_idle(self) -> None:
         states = []
-        while time.monotonic() < deadline:
-            done = self.slurm("sinfo", "-h", "-N", "-o", "%N %T", timeout=30)
-            states = sorted(done.stdout.split("\n"))
-            if sorted(f"{n.name} idle" for n in self.nodes) == [s for s in states if s]:
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"the nodes did not become idle (sinfo: {states!r})\n{self.logs()}")
+
+        def idle() -> bool:
+            listed = self.slurm("sinfo", "-h", "-N", "-o", "%N %T", timeout=30).stdout
+            states[:] = sorted(line for line in listed.split("\n") if line)
+            return sorted(f"{n.name} idle" for n in self.nodes) == states
+
+        wait_for(idle, lambda: f"the nodes did not become idle (sinfo: {states!r})\n{self.logs()}")
 
     # ---- use ------------------------------------------------------------------
 

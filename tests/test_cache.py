@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from conftest import DEADLINE, wait_for
 from shardfs.storage import ram as cache_mod
 from shardfs.storage.memory import parse_size
 from shardfs.storage.ram import ShardCache
@@ -65,11 +66,7 @@ def test_touched_shards_are_loaded_whole_in_the_background(shard_files):
     cache = ShardCache(shards, budget=1 << 30)
     try:
         cache.fetch(shards[2], 100, 10)
-        deadline = threading.Event()
-        for _ in range(200):
-            if cache.snapshot()["shards_cached"] == 1:
-                break
-            deadline.wait(0.05)
+        wait_for(lambda: cache.snapshot()["shards_cached"] == 1, cache.snapshot)
         snap = cache.snapshot()
         assert snap["shards_cached"] == 1 and snap["storage_bytes_read"] == os.path.getsize(shard_files[2])
         before = snap["storage_bytes_read"]
@@ -83,10 +80,7 @@ def test_prefetch_all_streams_everything_that_fits(shard_files):
     size = os.path.getsize(shard_files[0])
     cache = ShardCache(_shards(shard_files), budget=3 * footprint(size), prefetch="all")  # what 3 cost
     try:
-        for _ in range(400):
-            if cache.snapshot()["shards_cached"] == 3:
-                break
-            threading.Event().wait(0.05)
+        wait_for(lambda: cache.snapshot()["shards_cached"] == 3, cache.snapshot)
         snap = cache.snapshot()
         assert snap["shards_cached"] == 3 and snap["used_bytes"] == 3 * footprint(size) <= snap["budget_bytes"]
         assert snap["storage_bytes_read"] == 3 * size
@@ -138,10 +132,8 @@ def test_eviction_while_reads_are_in_flight(shard_files):
     try:
         for s in range(3):
             assert cache.fetch(shards[s], 0, 100) == data[s][:100]
-            for _ in range(400):  # a shard being loaded is busy, never evicted: let the load finish
-                if not cache.snapshot()["shards_loading"]:
-                    break
-                threading.Event().wait(0.02)
+            # a shard being loaded is busy, never evicted: let the load finish
+            wait_for(lambda: not cache.snapshot()["shards_loading"], cache.snapshot)
         assert cache.snapshot()["shards_evicted"] == 1 and shards[0] not in cache.resident
     finally:
         cache.close()
@@ -179,7 +171,7 @@ def test_demanded_loads_go_before_prefetch():
 
     def load(shard, priority):
         taken.set()
-        assert gate.wait(60)
+        assert gate.wait(DEADLINE)
         order.append(shard)
         if len(order) == 5:
             done.set()
@@ -187,13 +179,13 @@ def test_demanded_loads_go_before_prefetch():
     queue = cache_mod.LoadQueue(1, load)  # shards stand for themselves here: any hashable key works
     try:
         queue.put(0, cache_mod.PRIORITY_PREFETCH)
-        assert taken.wait(60)  # the only worker holds shard 0: the others queue behind it
+        assert taken.wait(DEADLINE)  # the only worker holds shard 0: the others queue behind it
         for s in (1, 2, 3):
             queue.put(s, cache_mod.PRIORITY_PREFETCH)
         queue.put(3, cache_mod.PRIORITY_DEMAND)
         queue.put(4, cache_mod.PRIORITY_DEMAND)
         gate.set()
-        assert done.wait(60), order
+        assert done.wait(DEADLINE), order
         assert order == [0, 3, 4, 1, 2]
     finally:
         gate.set()

@@ -5,10 +5,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import force_unmount, needs_fuse, shardfs_cmd
+from conftest import DEADLINE, force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
 from benchlib import sample
 from shardfs.service.mount import process_alive
 
@@ -60,10 +59,7 @@ def test_stale_mount_after_sigkill_is_cleaned_by_next_mount(tar_shards, tmp_path
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "--foreground",
                                "--no-auto-unmount"], stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            assert daemon.poll() is None and time.monotonic() < deadline, "daemon did not mount"
-            time.sleep(0.05)
+        wait_mounted(mnt, daemon)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait()
         try:
@@ -84,10 +80,8 @@ def test_stale_mount_after_sigkill_is_cleaned_by_next_mount(tar_shards, tmp_path
 def test_sigkill_with_auto_unmount_leaves_no_mount(tar_shards, mount):
     m = mount(tar_shards)
     os.kill(m.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 120  # generous: on a loaded 2-core machine this once took > 30 s
-    while os.path.ismount(m.path):  # fusermount3's auto_unmount watcher notices the daemon is gone
-        assert time.monotonic() < deadline, "mount left behind"
-        time.sleep(0.05)
+    # fusermount3's auto_unmount watcher notices the daemon is gone (on a loaded machine once > 30 s)
+    wait_for(lambda: not os.path.ismount(m.path), "mount left behind")
     assert os.listdir(m.path) == []  # the mountpoint is an ordinary empty directory again
     again = mount(tar_shards)
     assert len(os.listdir(os.path.join(again.path, "train"))) == 6
@@ -100,12 +94,9 @@ def test_foreground_daemon_exits_zero_on_sigterm_and_unmounts(tar_shards, tmp_pa
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(mnt), "-f"],
                               stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            assert daemon.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_mounted(mnt, daemon)
         daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0
+        assert daemon.wait(timeout=DEADLINE) == 0
         assert not os.path.ismount(mnt)
         assert "unmounted" in daemon.stderr.read()
     finally:
@@ -159,10 +150,7 @@ def test_mount_gives_up_on_a_daemon_that_makes_no_progress(tar_shards, sample_tr
             assert f"no progress for {ready_timeout} s" in done.stderr and "stopped it" in done.stderr, done.stderr
             assert not os.path.ismount(mnt)
             pid = int(done.stderr.split("stopped it (pid ")[1].split(")")[0])
-            deadline = time.monotonic() + 30
-            while process_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not process_alive(pid)
+            wait_for(lambda: not process_alive(pid), f"the stopped daemon (pid {pid}) still runs")
             if "(last step: starting)" not in done.stderr:
                 break
         assert "finding shards" in done.stderr or "indexed" in done.stderr, done.stderr
@@ -198,10 +186,7 @@ def test_umount_exits_nonzero_when_the_daemon_outlives_its_wait(tar_shards, moun
         assert reader.read(3) == b"\xff\xd8\xff"  # the open file is still served
     finally:
         reader.close()
-    deadline = time.monotonic() + 30
-    while process_alive(m.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not process_alive(m.pid)  # it ends once its last reader lets go
+    wait_for(lambda: not process_alive(m.pid), "the daemon outlived its last reader")  # it ends once they let go
 
 
 def test_unknown_command_is_not_taken_for_a_mount(tmp_path):

@@ -4,11 +4,12 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from shardfs.storage import ram, tierfile
+from shardfs.storage import placement, ram, tierfile
 from shardfs.storage.disk import DiskTier
 from shardfs.storage.local import LocalShard
 from shardfs.storage.placement import filesystem_type, is_local_disk, job_scratch_tier
@@ -125,11 +126,19 @@ def test_placement_only_on_local_block_filesystems(tmp_path):
     assert filesystem_type("/home/u", str(mountinfo)) == "ext4"
     assert not is_local_disk("/proc")
     assert not is_local_disk(str(tmp_path / "missing"))
-    if filesystem_type(str(tmp_path)) in ("ext4", "xfs", "btrfs"):
-        assert job_scratch_tier({"TMPDIR": str(tmp_path)}) == str(tmp_path / f"shardfs-cache-{os.getuid()}")
-    if os.path.isdir("/dev/shm"):
-        assert job_scratch_tier({"TMPDIR": "/dev/shm"}) in (None, *[f"{d}/shardfs-cache-{os.getuid()}"
-                                                                  for d in ("/local", "/scratch/local")])
+
+
+@pytest.mark.skipif(not is_local_disk(tempfile.gettempdir()) or filesystem_type("/dev/shm") != "tmpfs",
+                    reason="needs the temporary directory on a local disk and /dev/shm in RAM (tmpfs)")
+def test_the_tier_goes_to_the_first_local_scratch(tmp_path, monkeypatch):
+    tier = f"shardfs-cache-{os.getuid()}"
+    monkeypatch.setattr(placement, "SCRATCH_DIRS", ())  # the node has neither /local nor /scratch/local
+    assert job_scratch_tier({"TMPDIR": str(tmp_path)}) == str(tmp_path / tier)
+    assert job_scratch_tier({"SLURM_TMPDIR": str(tmp_path), "TMPDIR": "/dev/shm"}) == str(tmp_path / tier)
+    assert job_scratch_tier({"TMPDIR": "/dev/shm"}) is None  # RAM: no tier at all rather than one there
+    assert job_scratch_tier({}) is None
+    monkeypatch.setattr(placement, "SCRATCH_DIRS", ("/dev/shm", str(tmp_path)))  # as /local, /scratch/local
+    assert job_scratch_tier({"TMPDIR": "/dev/shm"}) == str(tmp_path / tier)  # RAM passed over
 
 
 def test_a_filler_that_stalls_is_taken_over(tmp_path):

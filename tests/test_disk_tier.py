@@ -15,11 +15,10 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 
 import pytest
 
-from conftest import needs_fuse, shardfs_cmd
+from conftest import needs_fuse, shardfs_cmd, wait_for
 from faulty_storage import faulty_mount, held
 from remote_servers import aws_env, bucket, moto_endpoint, nginx  # noqa: F401 (fixtures)
 from shardfs.service.mount import process_alive
@@ -74,11 +73,8 @@ def cached(tier) -> list[dict]:
     return json.loads(shardfs_cmd("cache", "ls", str(tier), "--json", check=True).stdout)
 
 
-def wait_filled(tier, total: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while sum(c["filled"] for c in cached(tier)) < total:
-        assert time.monotonic() < deadline, cached(tier)
-        time.sleep(0.1)
+def wait_filled(tier, total: int) -> None:
+    wait_for(lambda: sum(c["filled"] for c in cached(tier)) >= total, lambda: cached(tier))
 
 
 @contextlib.contextmanager
@@ -115,7 +111,7 @@ def test_filled_once_then_a_second_mount_reads_nothing_from_storage(shards, moun
     assert first["cache"]["storage_bytes_read"] <= 1.05 * total
     assert first["disk"]["bytes_written"] == total and first["disk"]["shards"] == 4
     assert oct(os.stat(tier).st_mode & 0o777) == "0o700"
-    assert all(oct(os.stat(c["path"]).st_mode & 0o777) == "0o600" for c in cached(tier))
+    assert [oct(os.stat(c["path"]).st_mode & 0o777) for c in cached(tier)] == ["0o600"] * 4
     assert shardfs_cmd("umount", m.path).returncode == 0
 
     again = mount(src, options=options(tier, ram), name="again")
@@ -275,19 +271,14 @@ def test_restart_during_a_fill_resumes_and_never_trusts_half_written_chunks(tmp_
         name = sorted(digests)[0]  # the first member: in the first half
         with open(os.path.join(m.path, name), "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == digests[name]
-        deadline = time.monotonic() + 60
-        while not held(flag):  # the background fill got as far as the hung half
-            assert time.monotonic() < deadline, "the fill never reached the second half"
-            time.sleep(0.05)
+        wait_for(lambda: held(flag), "the fill never reached the second half")
         os.kill(m.pid, signal.SIGKILL)
         # Its thread in the hung read exits once the read returns (FUSE lets a request already
         # taken by the server finish): the storage answers in full again from now on, and that
         # thread dies on its way back, before it could store anything.
         os.unlink(flag)
-        deadline = time.monotonic() + 60
-        while (process_alive(m.pid) or os.path.ismount(m.path)) and time.monotonic() < deadline:
-            time.sleep(0.05)  # auto_unmount: fusermount3 removes the mount once the daemon is gone
-        assert not process_alive(m.pid) and not os.path.ismount(m.path)
+        # auto_unmount: fusermount3 removes the mount once the daemon is gone
+        wait_for(lambda: not (process_alive(m.pid) or os.path.ismount(m.path)), "the killed mount stayed")
         filled = sum(c["filled"] for c in cached(tier))
         assert 0 < filled <= total // 2  # killed mid-fill: only chunks before the hang are there
 
@@ -403,10 +394,7 @@ def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path,
     assert m.stats()["reads_in_c_from_disk"] > 0
     write_shards(src, seed=2, shards=2, members=6)  # same names, other bytes, both shards
     os.kill(m.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 30
-    while m.stats()["shards_broken"] < 2:
-        assert time.monotonic() < deadline, m.stats()
-        time.sleep(0.1)
+    wait_for(lambda: m.stats()["shards_broken"] >= 2, m.stats)
     for name in first:
         path = os.path.join(m.path, name)
         with open(path, "rb", buffering=0) as f:
@@ -435,10 +423,8 @@ def test_an_unmount_during_a_fill_of_hung_storage_exits_at_once_and_the_fill_res
         flag.touch()
         with open(os.path.join(m.path, first), "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == digests[first]
-        deadline = time.monotonic() + 30  # the fill that read queued is now blocked past chunk 0
-        while not held(flag):
-            assert time.monotonic() < deadline, "no fill reached the hung storage"
-            time.sleep(0.05)
+        # the fill that read queued is now blocked past chunk 0
+        wait_for(lambda: held(flag), "no fill reached the hung storage")
         done = shardfs_cmd("umount", "--wait", "10", m.path)
         assert done.returncode == 0, done.stderr
         assert not process_alive(m.pid)  # (a zombie until its parent, init, reaps it)

@@ -232,15 +232,39 @@ def test_unmutated_seeds_agree_with_tarfile(seeds):
     assert compared > 100
 
 
-@pytest.mark.parametrize("plan", [
-    [("pax", 0, b"size", b"9" * 30)],
-    [("pax", 0, b"size", b"9" * 4000)],
-    [("pax", 0, b"path", b"p" * 900_000)],
-    [("pax", 0, b"GNU.sparse.map", b"0," * 300_000)],
-    [("field", 0, (124, 12), b"\x80" + (1 << 80).to_bytes(11, "big"))],  # base-256: 2^80 bytes of data
-    [("field", 0, (156, 1), b"L"), ("field", 0, (124, 12), b"%011o\0" % (8**11 - 1))],  # an 8 GiB long name
+def _claim_beyond_the_archive(data: bytes, result) -> int:
+    """The offset a "truncated at offset N" error names (it must lie beyond the archive)."""
+    match = re.fullmatch(r"truncated at offset (\d+): no end-of-archive marker", result.error or "")
+    assert match, result.error
+    assert int(match.group(1)) > len(data)
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("plan, outcome", [
+    ([("pax", 0, b"size", b"9" * 30)], "truncated"),  # the first member claims 10^30 bytes
+    ([("pax", 0, b"size", b"9" * 4000)], "truncated"),
+    ([("pax", 0, b"path", b"p" * 900_000)], "long path"),
+    ([("pax", 0, b"GNU.sparse.map", b"0," * 300_000)], "ignored"),  # a map for a member that is not sparse
+    ([("field", 0, (124, 12), b"\x80" + (1 << 80).to_bytes(11, "big"))], "2^80"),  # base-256: 2^80 bytes of data
+    ([("field", 0, (156, 1), b"L"), ("field", 0, (124, 12), b"%011o\0" % (8**11 - 1))], "refused"),  # an 8 GiB name
 ])
-def test_huge_claims_do_not_allocate(seeds, plan):
+def test_huge_claims_do_not_allocate(seeds, plan, outcome):
+    """Memory stays bounded (scan_checked), and each claim has the one outcome it should."""
     _, data, headers = seeds[0]
-    result = scan_checked(mutate(data, headers, plan))
-    assert result.error or result.warnings or result.members
+    assert headers[0] == 0
+    whole = [rec.path for rec in TAR.scan(MemorySource(data)).members]
+    mutated = mutate(data, headers, plan)
+    result = scan_checked(mutated)
+    paths = [rec.path for rec in result.members]
+    if outcome == "truncated":  # the first member is served; its data would end past the archive
+        _claim_beyond_the_archive(mutated, result)
+        assert paths == whole[:1]
+    elif outcome == "2^80":
+        assert _claim_beyond_the_archive(mutated, result) == 512 + (1 << 80)
+        assert paths == whole[:1]
+    elif outcome == "long path":
+        assert result.error is None and paths == [b"p" * 900_000, *whole[1:]]
+    elif outcome == "ignored":
+        assert result.error is None and paths == whole
+    else:
+        assert result.error == f"extended header of {8**11 - 1} bytes at offset 0" and paths == []

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import needs_fuse, shardfs_cmd
+from remote_servers import tree_digests
 from tarcraft import archive, member, old_sparse_member
 
 from shardfs.index import index_file
@@ -16,13 +17,17 @@ from shardfs.index import shard_index as index
 from shardfs.index import store
 
 
-def test_index_command_then_mount_builds_nothing(tar_shards, mount):
+@needs_fuse
+def test_index_command_then_mount_builds_nothing(tar_shards, sample_tree, mount):
     done = shardfs_cmd("index", str(tar_shards), check=True)
     assert "4 shards, 72 members; 4 indexes built" in done.stdout
     for shard in tar_shards.glob("*.tar"):
         assert os.path.exists(str(shard) + index.INDEX_SUFFIX)
     again = shardfs_cmd("index", str(tar_shards), check=True)
     assert "0 indexes built, 4 current" in again.stdout
+    m = mount(tar_shards)
+    assert m.stats()["indexes_built"] == 0  # every index loaded from beside its shard
+    assert tree_digests(m.path) == tree_digests(sample_tree)
 
 
 @needs_fuse

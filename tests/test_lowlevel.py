@@ -6,11 +6,10 @@ import io
 import os
 import random
 import tarfile
-import time
 
 import pytest
 
-from conftest import drop_page_cache, needs_fuse
+from conftest import drop_page_cache, needs_fuse, wait_for
 from shardfs.fuse import _lowlevel, table
 from shardfs.storage import tierfile
 from shardfs.view import dataset
@@ -157,10 +156,7 @@ def test_refused_shards_are_read_from_the_disk_tier_in_c(tar_shards, sample_tree
     want = {p: _sha(os.path.join(sample_tree, os.path.relpath(p, m.path))) for p in files}
     assert {p: _sha(p) for p in files} == want  # fills the tier, in the background too
     total = sum(f.stat().st_size for f in tar_shards.glob("*.tar"))
-    deadline = time.monotonic() + 60
-    while m.stats()["disk"]["bytes_written"] < total:
-        assert time.monotonic() < deadline, m.stats()["disk"]
-        time.sleep(0.1)
+    wait_for(lambda: m.stats()["disk"]["bytes_written"] >= total, lambda: m.stats()["disk"])
     for p in files:
         drop_page_cache(p)
     assert {p: _sha(p) for p in files} == want
@@ -189,10 +185,7 @@ def test_tier_bytes_still_in_the_page_cache_are_copied_from_it_then_dropped(tmp_
     files = {name: os.path.join(m.path, name) for name in want}
     with open(files["d/00.bin"], "rb") as f:  # the first read admits the shard to the tier and fills it
         f.read(1)
-    deadline = time.monotonic() + 60
-    while m.stats()["disk"]["bytes_written"] < (src / "a.tar").stat().st_size:
-        assert time.monotonic() < deadline, m.stats()["disk"]
-        time.sleep(0.1)
+    wait_for(lambda: m.stats()["disk"]["bytes_written"] >= (src / "a.tar").stat().st_size, lambda: m.stats()["disk"])
     with open(tier / tierfile.file_name(str(src / "a.tar")), "rb") as f:  # all of it cached, as after a fill
         while f.read(1 << 20):
             pass
@@ -217,10 +210,7 @@ def test_tier_bytes_still_in_the_page_cache_are_copied_from_it_then_dropped(tmp_
 def _loaded(m, shards) -> None:
     """Waits until every shard is in the RAM cache (--prefetch all)."""
     total = sum(f.stat().st_size for f in shards.glob("*.tar"))
-    deadline = time.monotonic() + 60
-    while m.stats()["cache"]["storage_bytes_read"] < total:
-        assert time.monotonic() < deadline, m.stats()["cache"]
-        time.sleep(0.05)
+    wait_for(lambda: m.stats()["cache"]["storage_bytes_read"] >= total, lambda: m.stats()["cache"])
 
 
 def _relpaths(tree: str) -> list[str]:

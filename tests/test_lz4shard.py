@@ -7,6 +7,7 @@ so they double as a check that the spec is enough to read and write the format.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import os
@@ -512,22 +513,24 @@ def test_random_member_sets_round_trip(scratch, specs, block_size, data):
         assert layout.read(off, n, file_fetch(path)) == stream[off : off + n]
 
 
-def _read_all_or_refuse(path, size, original_members, fetch=None):
-    """Scan + read every member of a possibly damaged shard.
+def _read_all_or_refuse(path, size, original_members, fetch=None) -> int:
+    """Scan + read every member of a possibly damaged shard; how many reads returned bytes.
 
     Anything but ShardFormatError propagates (and fails the test). Whatever is
     returned must be exactly the original: damage is either caught or harmless.
+    A shard the scan refuses counts -1.
     """
     try:
         members = FORMAT.read_members(open_shard(str(path)))
     except ShardFormatError:
-        return
+        return -1
     assert members == original_members  # header, footer and tables are fully checked
     try:
         layout = FORMAT.open_layout(open_shard(str(path)), size)
     except ShardFormatError:
         pytest.fail("scan accepted a shard that open_layout refused")
     fetch = fetch or file_fetch(path)
+    compared = 0
     for m in members:
         if m.kind != Kind.FILE:
             continue
@@ -538,45 +541,71 @@ def _read_all_or_refuse(path, size, original_members, fetch=None):
             except ShardFormatError:
                 continue
             assert got == want[off : off + n]
+            compared += 1
+    return compared
+
+
+def _tally(seen: collections.Counter, compared: int) -> None:
+    seen["refused by the scan" if compared < 0 else "scanned"] += 1
+    seen["reads compared"] += max(compared, 0)
 
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@FUZZ
-@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=4))
-def test_random_byte_flips(ref, scratch, flips):
+def test_random_byte_flips(ref, scratch):
     path, data, members = ref
-    bad = bytearray(data)
-    for where, xor in flips:
-        bad[int(where * len(data))] ^= xor
-    assume(bytes(bad) != data)
-    out = scratch / "flip.lz4shard"
-    out.write_bytes(bad)
-    _read_all_or_refuse(out, len(bad), members)
+    seen = collections.Counter()
+
+    @FUZZ
+    @given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=4))
+    def flip(flips):
+        bad = bytearray(data)
+        for where, xor in flips:
+            bad[int(where * len(data))] ^= xor
+        assume(bytes(bad) != data)
+        out = scratch / "flip.lz4shard"
+        out.write_bytes(bad)
+        _tally(seen, _read_all_or_refuse(out, len(bad), members))
+
+    flip()
+    # most flips land in data blocks: the scan passes and the reads of other blocks are compared
+    assert seen["scanned"] >= 20 and seen["refused by the scan"] >= 1 and seen["reads compared"] >= 100, seen
 
 
-@FUZZ
-@given(flips=st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 255)), min_size=1, max_size=3))
-def test_data_rot_after_scan(ref, flips):
+def test_data_rot_after_scan(ref):
     """The shard changes under an open layout: reads fail or are still right."""
     path, data, members = ref
     f, *_ = disassemble(data)
-    bad = bytearray(data)
-    for where, xor in flips:
-        bad[HDR.size + where % (f["bt_off"] - HDR.size)] ^= xor
-    _read_all_or_refuse(path, len(data), members, fetch=bytes_fetch(bytes(bad)))
+    seen = collections.Counter()
+
+    @FUZZ
+    @given(flips=st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 255)), min_size=1, max_size=3))
+    def rot(flips):
+        bad = bytearray(data)
+        for where, xor in flips:
+            bad[HDR.size + where % (f["bt_off"] - HDR.size)] ^= xor
+        _tally(seen, _read_all_or_refuse(path, len(data), members, fetch=bytes_fetch(bytes(bad))))
+
+    rot()
+    assert seen["reads compared"] >= 100, seen
 
 
-@FUZZ
-@given(cut=st.integers(0, 10**9))
-def test_truncation(ref, scratch, cut):
+def test_truncation(ref, scratch):
     path, data, members = ref
-    keep = cut % len(data)
-    out = scratch / "trunc.lz4shard"
-    out.write_bytes(data[:keep])
-    assert_refused(out)
-    _read_all_or_refuse(path, len(data), members, fetch=bytes_fetch(data[:keep]))
+    seen = collections.Counter()
+
+    @FUZZ
+    @given(cut=st.integers(0, 10**9))
+    def truncate(cut):
+        keep = cut % len(data)
+        out = scratch / "trunc.lz4shard"
+        out.write_bytes(data[:keep])
+        assert_refused(out)
+        _tally(seen, _read_all_or_refuse(path, len(data), members, fetch=bytes_fetch(data[:keep])))
+
+    truncate()
+    assert seen["reads compared"] >= 100, seen  # the blocks before the cut
 
 
 @FUZZ
@@ -599,30 +628,18 @@ def test_random_garbage(scratch, garbage, magics, size_fields, small):
         FORMAT.open_layout(open_shard(str(out)), len(garbage))
 
 
-@FUZZ
-@given(data=st.data())
-def test_forged_tables(ref, scratch, data):
-    """Table damage with recomputed checksums exercises the semantic checks:
-    only ShardFormatError, and reads return the requested length or refuse."""
-    path, raw, _ = ref
-    f, blocks, members, strings, body = disassemble(raw)
-    for _ in range(data.draw(st.integers(1, 3))):
-        table = data.draw(st.sampled_from(["block", "member", "footer"]))
-        if table == "footer":
-            key = data.draw(st.sampled_from(["block_size", "logical_size", "block_count", "member_count", "str_size"]))
-            top = (1 << (32 if key == "block_size" else 64)) - 1
-            f[key] = data.draw(st.one_of(st.integers(0, top), st.integers(max(f[key] - 3, 0), min(f[key] + 3, top))))
-            continue
-        rows = blocks if table == "block" else members
-        i = data.draw(st.integers(0, len(rows) - 1))
-        j = data.draw(st.integers(0, len(rows[i]) - 1))
-        if isinstance(rows[i][j], float):
-            rows[i][j] = data.draw(st.floats())
-        else:
-            limit = 1 << (64 if (table, j) in {("block", 0), ("member", 2), ("member", 3)} else 32 if j else 8)
-            near = st.integers(max(rows[i][j] - 2, 0), rows[i][j] + 2)
-            rows[i][j] = data.draw(st.one_of(st.integers(0, limit - 1), near))
-            rows[i][j] %= limit
+def logical_stream(members) -> bytes:
+    """The reference shard's logical data stream, from what was written at each member's offset."""
+    stream = bytearray(sum(m.size for m in members if m.kind == Kind.FILE))
+    for m in members:
+        if m.kind == Kind.FILE:
+            stream[m.offset : m.offset + m.size] = REF_FILES[m.path]
+    return bytes(stream)
+
+
+def _check_forged(scratch, stream: bytes, seen: collections.Counter, f, blocks, members, strings, body) -> None:
+    """Tables as given, with checksums recomputed: the scan refuses, or each file member's read
+    refuses or gives the bytes at its place of the real logical ``stream``. Tallied in ``seen``."""
     keep = {k: f[k] for k in ("block_size", "logical_size", "block_count", "member_count", "str_size")}
     forged = assemble(f, blocks, members, strings, body, **keep)
     out = scratch / "forged.lz4shard"
@@ -631,13 +648,70 @@ def test_forged_tables(ref, scratch, data):
         found = FORMAT.read_members(open_shard(str(out)))
         layout = FORMAT.open_layout(open_shard(str(out)), len(forged))
     except ShardFormatError:
+        seen["refused by the scan"] += 1
         return
+    seen["scanned"] += 1
     for m in found:
         if m.kind == Kind.FILE:
             try:
-                assert len(layout.read(m.offset, m.size, file_fetch(out))) == m.size
+                got = layout.read(m.offset, m.size, file_fetch(out))
             except ShardFormatError:
-                pass
+                seen["reads refused"] += 1
+                continue
+            assert got == stream[m.offset : m.offset + m.size], m
+            seen["reads compared"] += 1
+
+
+def test_each_block_entry_nudged(ref, scratch):
+    """Every field of every block entry one off, either way (the forgeries the random test draws
+    least often): refused, never another block's or a shifted block's bytes."""
+    path, raw, original = ref
+    stream, seen = logical_stream(original), collections.Counter()
+    f, blocks, members, strings, body = disassemble(raw)
+    for i, j, delta in itertools.product(range(len(blocks)), range(len(blocks[0])), (-1, 1)):
+        nudged = [list(b) for b in blocks]
+        nudged[i][j] = max(nudged[i][j] + delta, 0)
+        _check_forged(scratch, stream, seen, f, nudged, members, strings, body)
+    assert seen["refused by the scan"] + seen["reads refused"] >= len(blocks) * 5, seen
+
+
+def test_forged_tables(ref, scratch):
+    """Table damage with recomputed checksums exercises the semantic checks: only
+    ShardFormatError, and a read the checks let through returns the bytes the shard really holds
+    at that place of its logical stream (a forged member may name other bytes, never wrong ones)."""
+    path, raw, original = ref
+    stream = logical_stream(original)
+    seen = collections.Counter()
+
+    @FUZZ
+    @given(data=st.data())
+    def forge(data):
+        f, blocks, members, strings, body = disassemble(raw)
+        for _ in range(data.draw(st.integers(1, 3))):
+            table = data.draw(st.sampled_from(["block", "member", "footer"]))
+            if table == "footer":
+                key = data.draw(st.sampled_from(["block_size", "logical_size", "block_count", "member_count",
+                                                 "str_size"]))
+                top = (1 << (32 if key == "block_size" else 64)) - 1
+                f[key] = data.draw(st.one_of(st.integers(0, top),
+                                             st.integers(max(f[key] - 3, 0), min(f[key] + 3, top))))
+                continue
+            rows = blocks if table == "block" else members
+            i = data.draw(st.integers(0, len(rows) - 1))
+            j = data.draw(st.integers(0, len(rows[i]) - 1))
+            if isinstance(rows[i][j], float):
+                rows[i][j] = data.draw(st.floats())
+            else:
+                limit = 1 << (64 if (table, j) in {("block", 0), ("member", 2), ("member", 3)} else 32 if j else 8)
+                near = st.integers(max(rows[i][j] - 2, 0), rows[i][j] + 2)
+                rows[i][j] = data.draw(st.one_of(st.integers(0, limit - 1), near))
+                rows[i][j] %= limit
+        _check_forged(scratch, stream, seen, f, blocks, members, strings, body)
+
+    forge()
+    # Forgeries of a field that only some reads use (a block's table entry, a member's mode or
+    # time) pass the scan: the comparison above must have run on a good share of them.
+    assert seen["scanned"] >= 5 and seen["refused by the scan"] >= 20 and seen["reads compared"] >= 20, seen
 
 
 def test_registered_by_suffix():

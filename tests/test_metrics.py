@@ -10,15 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import needs_fuse, shardfs_cmd
+from conftest import needs_fuse, shardfs_cmd, wait_for
 from shardfs.service.config import MountConfig, apply_options, parse_config
 from shardfs.errors import UsageError
+from shardfs.service import watch
 from shardfs.service.metrics import textfile_name
 
 pytestmark = needs_fuse
@@ -112,14 +112,15 @@ def node_exporter(tmp_path):
         with urllib.request.urlopen(url, timeout=10) as reply:
             return reply.read().decode()
 
-    deadline = time.monotonic() + 30
-    while True:
+    def answers() -> bool:
         try:
             scrape()
-            break
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
-            time.sleep(0.1)
+            assert proc.poll() is None, proc.stderr.read().decode()
+            return False
+        return True
+
+    wait_for(answers, f"node_exporter does not answer at {url}")
     try:
         yield textdir, scrape
     finally:
@@ -134,13 +135,13 @@ def test_node_exporter_scrapes_the_metrics_of_a_live_mount(tar_shards, mount, no
     assert prom_file.exists()  # written at mount, before the first period
     assert read_everything(m.path) == 72
     figures = m.stats()  # reads are done: the counters compared below do not move any more
-    deadline = time.monotonic() + 30
-    while True:
-        got = samples(scrape())
-        if got.get(("shardfs_fuse_requests_total", "read"), (None,))[0] == figures["fuse_ops"]["read"]:
-            break
-        assert time.monotonic() < deadline, (figures["fuse_ops"], {k: v for k, v in got.items() if "fuse" in k[0]})
-        time.sleep(0.2)
+    got = {}
+
+    def exported() -> bool:  # the daemon rewrites its file every 0.3 s: until one has these reads
+        got.update(samples(scrape()))
+        return got.get(("shardfs_fuse_requests_total", "read"), (None,))[0] == figures["fuse_ops"]["read"]
+
+    wait_for(exported, lambda: (figures["fuse_ops"], {k: v for k, v in got.items() if "fuse" in k[0]}))
     for key, value in expected_values(figures).items():
         assert got[key][0] == value, key
     assert got[("shardfs_storage_read_bytes_total", None)][1] == {"mountpoint": m.path, "source": str(tar_shards)}
@@ -151,20 +152,39 @@ def test_node_exporter_scrapes_the_metrics_of_a_live_mount(tar_shards, mount, no
 
 
 def test_stats_watch_for_a_bounded_count(tar_shards, mount):
+    """Frames of a mount without traffic: the daemon's totals, and rates of nothing ("-" before
+    there is a previous frame, then 0)."""
     m = mount(tar_shards)
-    reader = subprocess.Popen([sys.executable, "-c", f"import time\nfrom test_metrics import read_everything\n"
-                               f"for _ in range(5): read_everything({m.path!r}); time.sleep(0.2)"],
-                              cwd=os.path.dirname(__file__))
+    assert read_everything(m.path) == 72
+    figures = m.stats()  # reads are done: hits, misses and bytes served do not move any more
+    cache = figures["cache"]
     done = shardfs_cmd("stats", m.path, "--watch", "--interval", "0.3", "--count", "3", check=True)
-    reader.wait(timeout=60)
     frames = done.stdout.strip().split("\n\n")
     assert len(frames) == 3
-    for frame in frames:
+    for i, frame in enumerate(frames):
         lines = frame.splitlines()
         assert lines[0].startswith(f"shardfs {m.path}  pid {m.pid}")
         assert [line.split()[0] for line in lines[1:]] == ["cache", "hit", "storage", "requests", "served"]
+        assert f"overall ({cache['hits']} hits, {cache['misses']} misses, {cache['direct_reads']} direct)" in lines[2]
+        assert lines[2].startswith("hit rate  - now")  # no reads in the last interval
+        served = f"{figures['bytes_served'] / 1e6:.1f} MB in total; 0 read errors, 0 broken shards"
+        assert lines[5] == f"served    {'-' if i == 0 else '0.0 MB/s'} now, {served}"
     assert "\x1b[" not in done.stdout  # no screen control codes into a pipe
-    assert "hits" in frames[-1] and "/s now" in frames[-1]
+
+
+def test_watch_rates_are_over_the_last_interval():
+    before = {"cache": {"hits": 10, "misses": 10, "storage_bytes_read": 1_000_000}, "bytes_served": 0,
+              "fuse_ops": {"read": 100, "lookup": 50}}
+    now = {"cache": {"hits": 40, "misses": 20, "storage_bytes_read": 3_000_000, "used_bytes": 1 << 29,
+                     "budget_bytes": 1 << 30, "shards_cached": 2}, "bytes_served": 4_000_000,
+           "fuse_ops": {"read": 500, "lookup": 70}, "shards": 4, "pid": 7, "uptime_s": 3725}
+    lines = watch.view("/mnt", now, before, seconds=2.0).splitlines()
+    assert lines[0].startswith("shardfs /mnt  pid 7, up 1h02m05s")
+    assert lines[1] == "cache     0.50 / 1.00 GiB (50.0%); shards 2 cached, 0 loading, 0 evicted (of 4)"
+    assert lines[2] == "hit rate  75.0% now, 66.7% overall (40 hits, 20 misses, 0 direct)"
+    assert lines[3] == "storage   1.0 MB/s now, 3.0 MB read"
+    assert lines[4] == "requests  210/s now (200 reads/s), 570 in total"
+    assert lines[5] == "served    2.0 MB/s now, 4.0 MB in total; 0 read errors, 0 broken shards"
 
 
 def test_stats_watch_on_a_terminal_until_ctrl_c(tar_shards, mount):

@@ -6,11 +6,10 @@ import multiprocessing
 import os
 import random
 import tarfile
-import time
 
 import pytest
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_for
 
 pytestmark = needs_fuse
 
@@ -90,10 +89,7 @@ def test_quarter_budget_reads_at_most_one_pass_per_epoch(varied_shards, mount):
 def test_prefetch_all_loads_every_shard_at_mount(varied_shards, mount):
     shards, digests, total = varied_shards
     m = mount(shards, options=("--prefetch", "all", "--cache-size", "1G"))
-    for _ in range(200):
-        if m.stats()["cache"]["shards_cached"] == 4:
-            break
-        time.sleep(0.05)
+    wait_for(lambda: m.stats()["cache"]["shards_cached"] == 4, lambda: m.stats()["cache"])
     cache = m.stats()["cache"]
     assert cache["shards_cached"] == 4 and cache["storage_bytes_read"] == total
     _epoch(m.path, digests, readers=2)

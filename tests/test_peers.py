@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from conftest import drop_page_cache, force_unmount, needs_fuse, shardfs_cmd
+from conftest import drop_page_cache, force_unmount, needs_fuse, needs_scontrol, shardfs_cmd, wait_for
 from test_disk_tier import hanging_storage, tar_bytes, write_shards
 
 from shardfs.service.daemon import _peers_status
@@ -94,16 +94,6 @@ def check_all(mnt: str, digests: dict, drop: bool = False) -> list[str]:
         except OSError as exc:
             wrong.append(f"{name}: {exc}")
     return wrong
-
-
-def wait_for(what, timeout: float = 30.0, step: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = what()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout} s: {what.__doc__ or what}")
 
 
 def storage_read(nodes) -> int:
@@ -223,11 +213,11 @@ def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: a.stats()["peers"]["bytes_from_peers"] > 0)
+        wait_for(lambda: a.stats()["peers"]["bytes_from_peers"] > 0, "A got nothing from its peers")
         os.kill(c.pid, signal.SIGKILL)
         # A's next request to C finds it gone: C is marked down (whenever the loaded machine gets there)
-        wait_for(lambda: c.address in a.stats()["peers"]["down"], timeout=120)
-        wait_for(passes_after(2))
+        wait_for(lambda: c.address in a.stats()["peers"]["down"], "the killed peer C is not marked down")
+        wait_for(passes_after(2), "the reader made no two passes")
         figures = a.stats()["peers"]
         assert c.address in figures["down"]
         # C's shards fell to the next peer in their own order; A keeps those that fell to it first.
@@ -235,13 +225,13 @@ def test_a_peer_killed_and_one_frozen_during_reads_cost_no_reader_an_error(nodes
         assert figures["shards_owned"] == shards_owned_by(shards, survivors, a.address)
         os.kill(b.pid, signal.SIGSTOP)
         try:
-            wait_for(passes_after(2), timeout=60)
+            wait_for(passes_after(2), "the reader made no two passes with B frozen")
             assert b.address in a.stats()["peers"]["down"]
         finally:
             os.kill(b.pid, signal.SIGCONT)
         # B answers again: after its backoff, A asks it again and counts it up.
-        wait_for(lambda: b.address not in a.stats()["peers"]["down"], timeout=90)
-        wait_for(passes_after(1))
+        wait_for(lambda: b.address not in a.stats()["peers"]["down"], "B, thawed, is still marked down")
+        wait_for(passes_after(1), "the reader made no pass after B came back")
     finally:
         stop.set()
         thread.join(timeout=60)
@@ -341,6 +331,7 @@ def slurm_job_env(tmp_path, job_id: str, nodes: str, me: str) -> dict:
             "SLURMD_NODENAME": me}
 
 
+@needs_scontrol
 @pytest.mark.parametrize("extra, expect", [((), ["127.0.0.2:11234", "127.0.0.3:11234"]), (("--peers", "off"), None)])
 def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path, key_file, extra, expect):
     shards, _ = dataset
@@ -353,6 +344,7 @@ def test_shardfs_run_in_a_slurm_job_makes_the_job_nodes_peers(dataset, tmp_path,
     if expect is None:
         assert peers is None
     else:
+        assert peers is not None, done.stderr  # the job's nodes were not made peers
         assert peers["self"] == expect[0] and peers["peers"] == len(expect)
 
 
@@ -409,7 +401,8 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
         for root in (a, b):
             os.kill(json.loads(os.getxattr(root, "user.shardfs.stats"))["pid"], signal.SIGHUP)
         for root in (a, b):
-            wait_for(lambda: json.loads(os.getxattr(root, "user.shardfs.stats"))["shards"] == 8)
+            wait_for(lambda: json.loads(os.getxattr(root, "user.shardfs.stats"))["shards"] == 8,
+                     "the mount has not 8 shards")
         assert check_all(a, digests) == [] and check_all(b, digests) == []
         figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
         assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
@@ -443,7 +436,7 @@ def a_read_waiting_for_its_owner(nodes, tmp_path):
             thread = threading.Thread(target=lambda: got.append(open(os.path.join(a.path, name), "rb").read()),
                                       daemon=True)
             thread.start()
-            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0)
+            wait_for(lambda: a.stats()["peers"]["waits_for_owner"] > 0, "no read through A waits for its owner")
             yield a, b, digests[name], flag, thread, got
         finally:  # the nodes before the storage they read
             flag.unlink(missing_ok=True)

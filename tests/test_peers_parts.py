@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import needs_scontrol
 from shardfs.errors import UsageError
 from shardfs.service.api import mount_command
 from shardfs.service.config import MountConfig, apply_options, check, parse_config, to_args
@@ -140,6 +141,7 @@ def test_peers_from_every_front_door(tmp_path):
         parse_config({"sources": ["/d"], "mountpoint": "/m", "peers": peers, "peer_self": "127.0.0.9:1"})
 
 
+@needs_scontrol
 def test_a_slurm_job_of_several_nodes_makes_its_nodes_peers(tmp_path):
     conf = tmp_path / "slurm.conf"  # scontrol wants a configuration, though it only expands the list
     conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=node[1-3] CPUs=1\n")

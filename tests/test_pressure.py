@@ -13,11 +13,12 @@ import uuid
 
 import pytest
 
-from conftest import needs_fuse, shardfs_cmd
+from conftest import (DEADLINE, memory_v1_root, needs_fuse, needs_memory_v1, remove_cgroup, shardfs_cmd,
+                      wait_for)
 from shardfs.fuse.stats import STATS_XATTR
 from shardfs.service.mount import process_alive
 from shardfs.storage.local import LocalShard
-from shardfs.storage.memory import memory_room, parse_size, share_budget
+from shardfs.storage.memory import cgroup_memory_limit, memory_cgroups, memory_room, parse_size, share_budget
 from shardfs.storage.pressure import PressureWatcher, psi_some_avg10
 from shardfs.storage.ram import ShardCache
 
@@ -40,7 +41,9 @@ def test_percent_is_a_share_of_what_the_daemon_may_use():
     budget, said = share_budget("25%")
     # memory_room is read again inside: the node's free memory moves a little in between
     assert 0.2 * room < budget < 0.3 * room
-    assert said.startswith("--cache-size 25% of the ") and ("available on the node" in said or "cgroup" in said)
+    assert said.startswith("--cache-size 25% of the ")
+    # the same kind of room as memory_room names: this process's cgroup limit, else the node's memory
+    assert ("left under the cgroup limit" in said) == ("cgroup limit" in why) != ("available on the node" in said)
     assert share_budget("64M") == (64 * MiB, "--cache-size 64M")
 
 
@@ -77,53 +80,159 @@ def test_resize_evicts_least_recently_used_and_keeps_views_valid(tmp_path):
             shard.close()
 
 
-class _FakeRoom(PressureWatcher):
-    """A watcher over a real cache whose headroom the test sets (the decisions, not /proc)."""
+# ---- cgroup v2, laid out as the kernel writes it ----------------------------------------
+# This machine kind binds the memory controller to cgroup v1 (its unified hierarchy has only
+# hugetlb), so the v2 path cannot run for real here. These tests give the watcher's own reading
+# code (memory_cgroups, meminfo, PSI) a /proc and a cgroup2 tree with the files and formats a
+# v2 node has, as a Slurm job (cgroup/v2 plugin) sees them; the v1 path runs for real below.
 
-    def __init__(self, cache, headroom: int):
-        super().__init__(cache, calm=0.0)
-        self.groups, self.low, self.high, self.room = [], 64 * MiB, 128 * MiB, headroom
+class V2Node:
+    """A /proc and a mounted cgroup2 tree under ``root``, for a process in a Slurm job's step
+    whose job cgroup has ``memory.max`` = ``limit`` (the levels above and below have none)."""
 
-    def _measure(self):
-        return self.room, "test"
+    JOB = "system.slice/slurmstepd.scope/job_42"
+    TASK = f"{JOB}/step_0/user/task_0"
+
+    def __init__(self, root, limit: int, node_available: int = 64 << 30):
+        self.proc, self.cgroup_root, self.limit = root / "proc", root / "sys/fs/cgroup", limit
+        (self.proc / "self").mkdir(parents=True)
+        (self.proc / "pressure").mkdir()
+        (self.proc / "self/mounts").write_text(
+            "/dev/vda1 / ext4 rw,relatime 0 0\n"
+            f"cgroup2 {self.cgroup_root} cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate,memory_recursiveprot 0 0\n")
+        (self.proc / "self/cgroup").write_text(f"0::/{self.TASK}\n")  # v2 only: one line, no controllers
+        (self.proc / "meminfo").write_text(
+            f"MemTotal:       {(128 << 30) >> 10} kB\nMemFree:        {node_available >> 10} kB\n"
+            f"MemAvailable:   {node_available >> 10} kB\n")
+        self.node_psi(0.0)
+        # the root cgroup has no memory.max; every level below it has one, "max" where unlimited
+        parts = self.TASK.split("/")
+        for depth in range(len(parts) + 1):
+            folder = self.cgroup_root.joinpath(*parts[:depth])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+            if depth:
+                (folder / "memory.max").write_text("max\n")
+                (folder / "memory.current").write_text("0\n")
+        self.job = self.cgroup_root / self.JOB
+        (self.job / "memory.max").write_text(f"{limit}\n")
+        self.set(current=0, inactive_file=0, limit_hits=0, psi=0.0)
+
+    def set(self, current=None, inactive_file=None, limit_hits=None, psi=None) -> None:
+        """What the kernel would write in the job's cgroup now."""
+        if current is not None:
+            (self.job / "memory.current").write_text(f"{current}\n")
+        if inactive_file is not None:
+            (self.job / "memory.stat").write_text(
+                f"anon 1048576\nfile {inactive_file + 4096}\nkernel 262144\nshmem 0\n"
+                f"inactive_anon 0\nactive_anon 1048576\ninactive_file {inactive_file}\nactive_file 4096\n"
+                "unevictable 0\npgfault 1234\n")
+        if limit_hits is not None:
+            (self.job / "memory.events").write_text(
+                f"low 0\nhigh 0\nmax {limit_hits}\noom 0\noom_kill 0\noom_group_kill 0\n")
+        if psi is not None:
+            (self.job / "memory.pressure").write_text(_psi_text(psi))
+
+    def headroom(self, left: int) -> None:
+        """Usage such that ``left`` bytes remain under the limit (no reclaimable cache)."""
+        self.set(current=self.limit - left, inactive_file=0)
+
+    def node_psi(self, avg10: float) -> None:
+        (self.proc / "pressure/memory").write_text(_psi_text(avg10))
 
 
-def test_watcher_shrinks_under_pressure_and_grows_back_with_hysteresis(tmp_path):
-    paths = _shard_files(tmp_path / "shards", 4, 8 * MiB)
-    shards = [LocalShard.open(p) for p in paths]
+def _psi_text(avg10: float) -> str:
+    return (f"some avg10={avg10:.2f} avg60=0.00 avg300=0.00 total=1234\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=567\n")
+
+
+@pytest.fixture
+def cached_shards(tmp_path):
+    """A real cache holding 4 shards of 8 MiB, budget 64 MiB."""
+    shards = [LocalShard.open(p) for p in _shard_files(tmp_path / "shards", 4, 8 * MiB)]
     cache = ShardCache(shards, budget=64 * MiB)
     try:
         for shard in shards:
             cache.fetch(shard, 0, 1)
-        watcher = _FakeRoom(cache, headroom=1 << 30)
-        watcher.check()
-        assert cache.budget == 64 * MiB and watcher.counts == {"shrinks": 0, "grows": 0}
-        watcher.room = 20 * MiB  # below low water: give back enough to reach high water
-        watcher.check()
-        assert cache.budget == 0 and cache.snapshot()["used_bytes"] == 0  # 108 MiB short, 32 MiB cached
-        assert watcher.figures()["state"] == "short" and watcher.counts["shrinks"] == 1
-        watcher.room = 200 * MiB  # above low, below twice high water: neither shrink nor grow
-        watcher.check()
-        assert watcher.counts == {"shrinks": 1, "grows": 0} and watcher.figures()["state"] == "recovering"
-        watcher.room = 1 << 30
-        watcher.check()
-        assert cache.budget == 64 * MiB and watcher.counts["grows"] == 1
-        assert watcher.figures()["state"] == "calm"
+        assert cache.snapshot()["used_bytes"] == 32 * MiB
+        yield cache
     finally:
         cache.close()
         for shard in shards:
             shard.close()
 
 
+def test_v2_job_limit_is_found_and_its_headroom_measured(tmp_path, cached_shards):
+    node = V2Node(tmp_path, limit=2 << 30)
+    node.set(current=1 << 30, inactive_file=300 * MiB)
+    job_max = f"{node.job}/memory.max"
+    groups = memory_cgroups(str(node.proc))
+    # only the job's level binds: "max" above and below it is no limit, the root has no memory.max
+    assert [(g.folder, g.v2, g.limit, g.limit_file) for g in groups] == [(str(node.job), True, 2 << 30, job_max)]
+    assert cgroup_memory_limit(str(node.proc)) == ((1 << 30), job_max)  # the budget's room: no cache counted
+    watcher = PressureWatcher(cached_shards, calm=0.0, proc_root=str(node.proc))
+    assert (watcher.low, watcher.high) == (128 * MiB, 256 * MiB)  # 1/16 of the 2 GiB limit, and twice that
+    assert watcher.psi_file == f"{node.job}/memory.pressure"  # the job's own stalls, not the node's
+    watcher.check()
+    assert watcher.figures()["headroom_bytes"] == (1 << 30) + 300 * MiB  # inactive file cache counts as free
+    assert watcher.figures()["state"] == "calm"
+    node.set(current=(2 << 30) - 64 * MiB, inactive_file=0)
+    watcher.check()
+    assert watcher.figures()["headroom_bytes"] == 64 * MiB and watcher.counts["shrinks"] == 1
+    # a limit tighter than the node: MemAvailable is not what counts, however large
+    node.headroom(1 << 30)
+    (node.proc / "meminfo").write_text(f"MemTotal: {(128 << 30) >> 10} kB\nMemAvailable: {(200 * MiB) >> 10} kB\n")
+    watcher.check()
+    assert watcher.figures()["headroom_bytes"] == 200 * MiB  # now the node is the tighter one
+
+
+def test_v2_limit_hits_and_the_jobs_own_psi_shrink_only_below_high_water(tmp_path, cached_shards, caplog):
+    cache, node = cached_shards, V2Node(tmp_path, limit=2 << 30)
+    watcher = PressureWatcher(cache, calm=3600.0, proc_root=str(node.proc))
+
+    def short_now() -> bool:
+        cache.resize(64 * MiB)  # the full budget again before each look, so that a shortage shrinks it
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="shardfs.storage.pressure"):
+            watcher.check()
+        assert watcher.short == (cache.budget < 64 * MiB)
+        return watcher.short
+
+    node.headroom(200 * MiB)  # between low (128 MiB) and high (256 MiB) water
+    assert not short_now()  # nothing says the kernel struggles
+    node.node_psi(90.0)  # other jobs on the node stall: not this job's business
+    assert not short_now()
+    node.set(psi=25.0)  # this job's cgroup stalls
+    assert short_now() and "memory PSI some avg10=25%" in caplog.text
+    node.set(psi=0.0, limit_hits=3)  # the job reached memory.max three times since the last look
+    assert short_now() and f"limit reached ({node.job}/memory.max)" in caplog.text
+    assert not short_now()  # no new hits since: not struggling any more
+    node.set(limit_hits=9, psi=50.0)
+    node.headroom(1 << 30)  # both signals, but a gigabyte left: reclaim, not shortage
+    assert not short_now()
+    assert watcher.counts["shrinks"] == 2
+
+
+def test_v2_watcher_shrinks_under_pressure_and_grows_back_with_hysteresis(tmp_path, cached_shards):
+    cache, node = cached_shards, V2Node(tmp_path, limit=2 << 30)
+    node.headroom(1 << 30)
+    watcher = PressureWatcher(cache, calm=0.0, proc_root=str(node.proc))
+    watcher.check()
+    assert cache.budget == 64 * MiB and watcher.counts == {"shrinks": 0, "grows": 0}
+    node.headroom(20 * MiB)  # below low water: give back enough to reach high water
+    watcher.check()
+    assert cache.budget == 0 and cache.snapshot()["used_bytes"] == 0  # 236 MiB short, 32 MiB cached
+    assert watcher.figures()["state"] == "short" and watcher.counts["shrinks"] == 1
+    node.headroom(300 * MiB)  # above low, below twice high water: neither shrink nor grow
+    watcher.check()
+    assert watcher.counts == {"shrinks": 1, "grows": 0} and watcher.figures()["state"] == "recovering"
+    node.headroom(1 << 30)
+    watcher.check()
+    assert cache.budget == 64 * MiB and watcher.counts["grows"] == 1
+    assert watcher.figures()["state"] == "calm"
+
+
 # ---- the daemon in a real memory cgroup --------------------------------------------------
-
-def _memory_v1_root() -> str | None:
-    for line in open("/proc/self/mounts"):
-        _dev, where, kind, options = line.split()[:4]
-        if kind == "cgroup" and "memory" in options.split(","):
-            return where
-    return None
-
 
 def _in_cgroup(group: str, *cmd: str) -> list[str]:
     return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *cmd]
@@ -166,12 +275,12 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(os.getuid() != 0 or _memory_v1_root() is None, reason="needs root and cgroup v1 memory")
+@needs_memory_v1
 def test_headroom_is_measured_in_a_real_memory_cgroup():
     """The measurement the daemon relies on (no fake): in a cgroup with a 256 MiB limit, the
     headroom is what the limit leaves, and it falls by what a process in it allocates."""
     limit, grab = 256 * MiB, 96 * MiB
-    group = os.path.join(_memory_v1_root(), f"shardfs-headroom-{uuid.uuid4().hex[:8]}")
+    group = os.path.join(memory_v1_root(), f"shardfs-headroom-{uuid.uuid4().hex[:8]}")
     os.mkdir(group)
     try:
         with open(f"{group}/memory.limit_in_bytes", "w") as f:
@@ -187,21 +296,15 @@ def test_headroom_is_measured_in_a_real_memory_cgroup():
         assert got["after"] > 0
         assert got["psi"] is not None or not os.path.exists("/proc/pressure/memory")  # PSI read where the kernel has it
     finally:
-        for _ in range(100):
-            try:
-                os.rmdir(group)
-                break
-            except OSError:  # the process still leaving the cgroup
-                time.sleep(0.1)
-    assert not os.path.exists(group)
+        remove_cgroup(group)
 
 
 @needs_fuse
 @pytest.mark.slow
-@pytest.mark.skipif(os.getuid() != 0 or _memory_v1_root() is None, reason="needs root and cgroup v1 memory")
+@needs_memory_v1
 def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
     limit = 1 << 30
-    group = os.path.join(_memory_v1_root(), f"shardfs-pressure-{uuid.uuid4().hex[:8]}")
+    group = os.path.join(memory_v1_root(), f"shardfs-pressure-{uuid.uuid4().hex[:8]}")
     os.mkdir(group)
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -226,14 +329,6 @@ def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
         return all(hashlib.sha256(open(mnt / name, "rb").read()).hexdigest() == digest
                    for name, digest in expected.items())
 
-    def wait_for(condition, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if condition():
-                return True
-            time.sleep(0.5)
-        return condition()
-
     try:
         with open(f"{group}/memory.limit_in_bytes", "w") as f:
             f.write(str(limit))
@@ -243,23 +338,25 @@ def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
         assert done.returncode == 0, done.stderr
         daemon_pid = figures()["pid"]
         assert read_all_correct()
-        assert wait_for(lambda: figures()["cache"]["shards_cached"] == 6, 60)
+        wait_for(lambda: figures()["cache"]["shards_cached"] == 6, lambda: figures()["cache"])
         assert figures()["memory"]["budget_bytes"] == 300 * MiB
 
         # A job in the same cgroup allocates 720 MiB: with the full cache that is past the limit.
         allocator = subprocess.Popen(_in_cgroup(group, sys.executable, "-c", ALLOCATOR, "90"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert allocator.stdout.readline().strip() == "holding", "the allocator did not get its memory"
+        # The watcher looks once a second: the shrink it makes is waited for, then looked at.
+        wait_for(lambda: figures()["memory"]["shrinks"] >= 1, lambda: figures()["memory"])
         squeezed = figures()
-        assert squeezed["memory"]["budget_bytes"] < 300 * MiB and squeezed["memory"]["shrinks"] >= 1
+        assert squeezed["memory"]["budget_bytes"] < 300 * MiB
         assert squeezed["cache"]["used_bytes"] <= squeezed["memory"]["budget_bytes"]
         assert squeezed["cache"]["shards_evicted"] >= 1
         assert _oom_kills(group) == 0 and process_alive(daemon_pid)
         assert read_all_correct()  # served member by member now, still the right bytes
 
         allocator.stdin.close()
-        assert allocator.wait(timeout=60) == 0  # it exited by itself: not OOM-killed
-        assert wait_for(lambda: figures()["memory"]["budget_bytes"] == 300 * MiB, 90)
+        assert allocator.wait(timeout=DEADLINE) == 0  # it exited by itself: not OOM-killed
+        wait_for(lambda: figures()["memory"]["budget_bytes"] == 300 * MiB, lambda: figures()["memory"])
         assert figures()["memory"]["state"] == "calm"
         assert read_all_correct()
         assert _oom_kills(group) == 0
@@ -271,10 +368,5 @@ def test_daemon_gives_memory_back_before_the_oom_killer(tmp_path):
             allocator.wait()
         shardfs_cmd("umount", str(mnt))
         if daemon_pid:
-            wait_for(lambda: not process_alive(daemon_pid), 20)
-        for _ in range(100):
-            try:
-                os.rmdir(group)
-                break
-            except OSError:  # processes still leaving the cgroup
-                time.sleep(0.1)
+            wait_for(lambda: not process_alive(daemon_pid), "the daemon outlived its unmount")
+        remove_cgroup(group)

@@ -2,6 +2,7 @@
 
 import threading
 
+from conftest import DEADLINE, wait_for
 from shardfs.storage.readers_first import QUIET_S, SHORT_RUN, ReadersFirst
 
 FULL = 8
@@ -18,6 +19,17 @@ class Clock:
         return self.now
 
 
+def _held_back(priority: ReadersFirst, entered: threading.Event) -> bool:
+    """A background thread is provably waiting for its turn: it sleeps on the condition (the state,
+    not a pause long enough for it to have got there), and has not entered."""
+    def waiting() -> bool:
+        assert not entered.is_set(), "it got a turn"
+        return len(priority._cv._waiters) == 1
+
+    wait_for(waiting, "no thread waits for a turn")
+    return not entered.is_set()
+
+
 def _background_in_thread(priority: ReadersFirst, run: int = FULL):
     """A thread that takes a background turn and holds it until ``release`` is set."""
     entered, release, got = threading.Event(), threading.Event(), []
@@ -26,7 +38,7 @@ def _background_in_thread(priority: ReadersFirst, run: int = FULL):
         with priority.background(run) as allowed:
             got.append(allowed)
             entered.set()
-            release.wait(30)
+            release.wait(DEADLINE)
 
     t = threading.Thread(target=take, daemon=True)
     t.start()
@@ -39,28 +51,28 @@ def test_without_readers_the_background_runs_full_runs_side_by_side():
     b = _background_in_thread(priority)
     c = _background_in_thread(priority)
     try:
-        assert a[1].wait(10) and b[1].wait(10)
+        assert a[1].wait(DEADLINE) and b[1].wait(DEADLINE)
         assert a[3] == [FULL] and b[3] == [FULL]
-        assert not c[1].wait(0.3)  # a third waits for one of the two
+        assert _held_back(priority, c[1])  # a third waits for one of the two
         a[2].set()
-        assert c[1].wait(10) and c[3] == [FULL]
+        assert c[1].wait(DEADLINE) and c[3] == [FULL]
     finally:
         for t, _, release, _ in (a, b, c):
             release.set()
-            t.join(10)
+            t.join(DEADLINE)
 
 
 def test_a_reader_waiting_holds_the_background_back_until_its_read_ends():
     priority = ReadersFirst(background=2, clock=Clock())
     with priority.demand():
         t, entered, release, got = _background_in_thread(priority)
-        assert not entered.wait(0.3)  # no turn while the reader's read is under way
+        assert _held_back(priority, entered)  # no turn while the reader's read is under way
     try:
         # The read ended: the background gets one short turn at once, while readers may still wait.
-        assert entered.wait(10) and got == [SHORT_RUN]
+        assert entered.wait(DEADLINE) and got == [SHORT_RUN]
     finally:
         release.set()
-        t.join(10)
+        t.join(DEADLINE)
 
 
 def test_one_background_request_per_demand_read_while_readers_wait_then_full_runs_when_quiet():
@@ -69,15 +81,15 @@ def test_one_background_request_per_demand_read_while_readers_wait_then_full_run
     with priority.demand():
         pass  # one demand read ended: one short turn owed
     first = _background_in_thread(priority)
-    assert first[1].wait(10) and first[3] == [SHORT_RUN]
+    assert first[1].wait(DEADLINE) and first[3] == [SHORT_RUN]
     first[2].set()
-    first[0].join(10)
+    first[0].join(DEADLINE)
     # No turn is owed any more: the next goes only once the readers are quiet, with a full run.
     second = _background_in_thread(priority)
     try:
-        assert not second[1].wait(0.3)
+        assert _held_back(priority, second[1])
         clock.now += QUIET_S
-        assert second[1].wait(10) and second[3] == [FULL]
+        assert second[1].wait(DEADLINE) and second[3] == [FULL]
     finally:
         second[2].set()
-        second[0].join(10)
+        second[0].join(DEADLINE)

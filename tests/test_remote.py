@@ -13,11 +13,11 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
-from conftest import drop_page_cache, force_unmount, needs_fuse, read_in_background, shardfs_cmd, wait_for
+from conftest import (DEADLINE, drop_page_cache, force_unmount, needs_fuse, read_concurrently, read_in_background,
+                      shardfs_cmd, wait_for)
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -333,10 +333,7 @@ def test_sighup_picks_up_added_objects_and_changed_ones_answer_eio(bucket, moto_
     bucket.put("r/c.tar", archive(member(b"cls/c.txt", b"from c\n")))
     bucket.put("r/b.tar", archive(member(b"cls/b.txt", b"BOOM b\n")))
     os.kill(m.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 30
-    while not (m.stats()["shards"] == 3 and m.stats()["shards_broken"] == 1):
-        assert time.monotonic() < deadline, "rescan did not happen"
-        time.sleep(0.05)
+    wait_for(lambda: (m.stats()["shards"], m.stats()["shards_broken"]) == (3, 1), m.stats)
     assert _read(os.path.join(m.path, "cls", "c.txt")) == b"from c\n"
     assert _read(os.path.join(m.path, "cls", "a.txt")) == b"from a\n"
     with pytest.raises(OSError) as exc:
@@ -442,12 +439,12 @@ def test_a_store_that_stops_answering_holds_storage_reads_not_fuse_workers(store
 
         checked = threading.Event()
         threading.Thread(target=rest_answers, daemon=True).start()
-        assert checked.wait(120), "the rest of the tree waited for the store"
+        assert checked.wait(DEADLINE), "the rest of the tree waited for the store"
         assert all(t.is_alive() for t in threads) and not results
     finally:
         p.arm()  # the store answers again: the waiting reads get their bytes
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=DEADLINE)
     assert {os.path.relpath(k, m.path): v for k, v in results.items()} == {
         rel: (sample_tree / rel).read_bytes() for rel in names}
 
@@ -462,11 +459,8 @@ def test_a_store_that_stops_answering_gives_eio_in_bounded_time_and_reads_recove
     wait_for(lambda: m.stats()["cache"]["shards_cached"] >= 1, "shard 0 was not cached")
     p.arm(hang=True)  # the store takes connections and never answers
     try:
-        threads, results = read_in_background([os.path.join(m.path, rel)
-                                                for rel in members(tmp_path, SHARDS[2])[:4]])
-        for t in threads:
-            t.join(timeout=120)
-        assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
+        paths = [os.path.join(m.path, rel) for rel in members(tmp_path, SHARDS[2])[:4]]
+        assert read_concurrently(paths) == dict.fromkeys(paths, errno.EIO)
         assert p.hung >= 1
         assert f"no answer within {STORAGE_TIMEOUT} s" in m.log()
     finally:

@@ -3,19 +3,11 @@
 import errno
 import os
 import signal
-import time
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_for
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
-
-
-def _wait_for(predicate, seconds=30):
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_sighup_adds_new_shards_and_removed_ones_answer_eio(tmp_path, mount):
@@ -31,7 +23,7 @@ def test_sighup_adds_new_shards_and_removed_ones_answer_eio(tmp_path, mount):
     (src / "c.tar").write_bytes(archive(member(b"cls/c.txt", b"from c\n"), member(b"new/d.txt", b"d\n")))
     os.unlink(src / "b.tar")
     os.kill(m.pid, signal.SIGHUP)
-    _wait_for(lambda: m.stats()["shards"] == 3 and m.stats()["shards_broken"] == 1)
+    wait_for(lambda: (m.stats()["shards"], m.stats()["shards_broken"]) == (3, 1), m.stats)
 
     assert os.path.ismount(root)
     assert sorted(os.listdir(os.path.join(root, "cls"))) == ["a.txt", "b.txt", "c.txt"]
@@ -55,7 +47,7 @@ def test_sighup_with_a_shard_rewritten_in_place_answers_eio(tmp_path, mount):
     m = mount(src)
     (src / "a.tar").write_bytes(archive(member(b"a.txt", b"B" * 300)))
     os.kill(m.pid, signal.SIGHUP)
-    _wait_for(lambda: m.stats()["shards_broken"] == 1)
+    wait_for(lambda: m.stats()["shards_broken"] == 1, m.stats)
     try:
         data = open(os.path.join(m.path, "a.txt"), "rb").read()
         raise AssertionError(f"read {data[:5]!r} from a rewritten shard")

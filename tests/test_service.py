@@ -7,25 +7,27 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import force_unmount, needs_fuse, shardfs_cmd
+from conftest import DEADLINE, force_unmount, needs_fuse, shardfs_cmd, wait_for, wait_mounted
 
 pytestmark = needs_fuse
 
 
-def _messages(sock, until: str, seconds: float = 60) -> list[str]:
-    got, deadline = [], time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def _messages(sock, until: str) -> list[str]:
+    """The notify messages that arrive until one contains ``until``."""
+    got = []
+
+    def arrived() -> bool:
         try:
             got.append(sock.recv(4096).decode())
         except TimeoutError:
-            continue
-        if until in got[-1]:
-            return got
-    raise AssertionError(f"no {until!r} in {got}")
+            return False
+        return until in got[-1]
+
+    wait_for(arrived, lambda: f"no {until!r} in {got}")
+    return got
 
 
 def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
@@ -44,15 +46,15 @@ def test_notify_protocol_as_the_unit_runs_it(tar_shards, tmp_path):
         first = _messages(sock, "READY=1")
         assert os.path.ismount(mnt) and os.listdir(mnt) == ["train"]  # READY came once the mount answers
         assert any("STATUS=serving 4 shards" in m for m in first)
-        later = _messages(sock, "WATCHDOG=1", seconds=10)
-        later += _messages(sock, "STATUS=", seconds=15)
+        later = _messages(sock, "WATCHDOG=1")
+        later += _messages(sock, "STATUS=")
         assert any("reads" in m and "cache" in m for m in later if m.startswith("STATUS="))
         # the unit's disk tier: in its CacheDirectory by default, shown in STATUS
         assert any("disk tier" in m for m in later if m.startswith("STATUS="))
         assert (tmp_path / "cache" / "tier").is_dir()
         daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0
-        assert any("STOPPING=1" in m for m in _messages(sock, "STOPPING=1", seconds=5))
+        assert daemon.wait(timeout=DEADLINE) == 0
+        assert any("STOPPING=1" in m for m in _messages(sock, "STOPPING=1"))
         assert not os.path.ismount(mnt)
         log = daemon.stderr.read()
         assert "<6>mounted at" in log and "<6>unmounted" in log  # journald priorities, no timestamps
@@ -112,10 +114,7 @@ def test_status_lists_live_and_stale_mounts(tar_shards, tmp_path, mount):
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(tar_shards), str(stale), "-f",
                                "--no-auto-unmount"], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(stale):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_mounted(stale, daemon)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait()
         rows = {row["mountpoint"]: row for row in json.loads(shardfs_cmd("status", "--json").stdout)}

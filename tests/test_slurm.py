@@ -22,7 +22,7 @@ import time
 import pytest
 
 from benchlib.cli import REPO
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_for
 from benchlib import sample
 import nobody
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
@@ -148,33 +148,36 @@ def leftovers(cluster: SlurmCluster, mountpoint: str | None = None) -> dict:
     }
 
 
-def wait_until_clean(cluster: SlurmCluster, mountpoint: str | None, timeout: float = 60) -> dict:
-    """Slurm's step cleanup may finish a moment after the job leaves the queue."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = leftovers(cluster, mountpoint)
-        if not any(left.values()) or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+def wait_until_clean(cluster: SlurmCluster, mountpoint: str | None) -> dict:
+    """Until nothing of a finished job is left (Slurm's step cleanup may finish a moment after the
+    job leaves the queue); returns what is left, for the caller's assert."""
+    left = {}
+
+    def clean() -> bool:
+        left.update(leftovers(cluster, mountpoint))
+        return not any(left.values())
+
+    wait_for(clean, lambda: f"left behind: {left}")
+    return left
 
 
-def wait_ready(cluster: SlurmCluster, folder: str, job: str, nodes: int = 1, timeout: float = 300) -> None:
+def wait_ready(cluster: SlurmCluster, folder: str, job: str, nodes: int = 1) -> None:
     """Until the job's output has a "ready" line from each of its `nodes` (failing if it ends first)."""
-    deadline = time.monotonic() + timeout
-    while output(folder).count("ready") < nodes:
-        assert time.monotonic() < deadline and cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
-            f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}"
-        time.sleep(0.3)
+    def ready() -> bool:
+        if output(folder).count("ready") >= nodes:
+            return True
+        assert cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), \
+            f"job {job} ended before it got ready:\n{output(folder)}\n{cluster.logs()}"
+        return False
+
+    wait_for(ready, lambda: f"job {job} never got ready:\n{output(folder)}\n{cluster.logs()}")
 
 
 def scancel_leaves_nothing(cluster: SlurmCluster, job: str, mountpoint: str) -> None:
     """scancel as the job's user; once Slurm no longer lists the job, nothing of it is left."""
     done = cluster.slurm("scancel", job, user="nobody")
     assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 120
-    while cluster.job_state(job):
-        assert time.monotonic() < deadline, f"job {job} still listed after scancel: {cluster.job_state(job)}"
-        time.sleep(0.3)
+    wait_for(lambda: not cluster.job_state(job), lambda: f"job {job} still listed after scancel")
     assert wait_until_clean(cluster, mountpoint) == {"mounts": [], "processes": [], "mountpoint": False}
 
 

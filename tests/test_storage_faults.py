@@ -2,11 +2,11 @@
 
 import errno
 import os
-import time
 
 import pytest
 
-from conftest import drop_page_cache, needs_fuse, read_in_background, wait_for
+from conftest import (DEADLINE, drop_page_cache, needs_fuse, read_concurrently, read_in_background,
+                      wait_for)
 from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
 
@@ -111,12 +111,12 @@ def test_a_hung_mount_holds_storage_threads_not_fuse_workers(mount, hanging, mon
         checked = threading.Event()
         checker = threading.Thread(target=rest_answers, daemon=True)
         checker.start()
-        assert checked.wait(120), "the rest of the tree waited for the hung reads"
+        assert checked.wait(DEADLINE), "the rest of the tree waited for the hung reads"
         assert held(flag) >= 1 and all(t.is_alive() for t in threads) and not results
     finally:
         flag.unlink()  # the storage answers again: the held reads get their bytes
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=DEADLINE)
     assert results == {os.path.join(m.path, n): files[n] for n in names}
 
 
@@ -129,17 +129,12 @@ def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging
     assert _read(m.path, "b/only.bin") == files["b/only.bin"]
     flag.touch()
     try:
-        threads, results = read_in_background([os.path.join(m.path, f"a/{i}.bin") for i in range(4)])
-        for t in threads:
-            t.join(timeout=120)
-        assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results.values()), results
+        paths = [os.path.join(m.path, f"a/{i}.bin") for i in range(4)]
+        assert read_concurrently(paths) == dict.fromkeys(paths, errno.EIO)
         assert "no answer within 5 s" in m.log()
     finally:
         flag.unlink()  # the mount answers again
-    deadline = time.monotonic() + 90
-    while _read_or_none(m.path, "a/5.bin") != files["a/5.bin"]:
-        assert time.monotonic() < deadline, "reads did not recover"
-        time.sleep(0.2)
+    wait_for(lambda: _read_or_none(m.path, "a/5.bin") == files["a/5.bin"], "reads did not recover")
     for name, data in files.items():
         assert _read(m.path, name) == data
     assert "answers again" in m.log()

@@ -25,8 +25,8 @@ def parse_size(text: str, room: int | None = None) -> int:
     return int(number * scale)
 
 
-def meminfo(field: str) -> int:
-    with open("/proc/meminfo") as f:
+def meminfo(field: str, proc_root: str = "/proc") -> int:
+    with open(f"{proc_root}/meminfo") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024

@@ -54,18 +54,19 @@ def limit_hits(group: MemoryCgroup) -> int:
 
 
 class PressureWatcher:
-    def __init__(self, cache, interval: float = 1.0, calm: float = 10.0):
-        """``cache`` has ``budget``, ``snapshot()["used_bytes"]`` and ``resize(budget)``."""
-        self.cache, self.interval, self.calm = cache, interval, calm
+    def __init__(self, cache, interval: float = 1.0, calm: float = 10.0, proc_root: str = "/proc"):
+        """``cache`` has ``budget``, ``snapshot()["used_bytes"]`` and ``resize(budget)``.
+        ``proc_root`` is where /proc is read (a test lays out another node's /proc and cgroups)."""
+        self.cache, self.interval, self.calm, self.proc_root = cache, interval, calm, proc_root
         self.configured = cache.budget
-        self.groups = memory_cgroups()
-        bound = min([g.limit for g in self.groups] + [meminfo("MemTotal")])
+        self.groups = memory_cgroups(proc_root)
+        bound = min([g.limit for g in self.groups] + [meminfo("MemTotal", proc_root)])
         # 1/16 of the limit, at least 128 MiB, but at most 1/8 of a small limit: with
         # --mem=300M the default budget (half the room) must fit with headroom to spare.
         self.low = max(bound // 16, min(128 * MiB, bound // 8))
         self.high = 2 * self.low
         v2 = [g for g in self.groups if g.v2]
-        self.psi_file = f"{v2[0].folder}/memory.pressure" if v2 else "/proc/pressure/memory"
+        self.psi_file = f"{v2[0].folder}/memory.pressure" if v2 else f"{proc_root}/pressure/memory"
         self.hits = [limit_hits(g) for g in self.groups]
         self.last_short = 0.0
         self.counts = {"shrinks": 0, "grows": 0}
@@ -91,7 +92,7 @@ class PressureWatcher:
                 log.exception("memory watch failed a check")
 
     def _measure(self) -> tuple[int, str]:
-        available = meminfo("MemAvailable")
+        available = meminfo("MemAvailable", self.proc_root)
         headroom, where = available, "node MemAvailable"
         for group in self.groups:
             try:
