@@ -93,7 +93,7 @@ def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mou
         assert daemon.poll() is None, "the daemon ended before its workers were seen"
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
-        wait_for(lambda: not any(_alive(p) for p in workers), "the workers to end with the daemon", seconds=30)
+        wait_for(lambda: not any(_alive(p) for p in workers), "the workers to end with the daemon")
     finally:
         if daemon.poll() is None:
             daemon.kill()
