@@ -227,7 +227,7 @@ class Daemon:
     def _join_peers(self, view: datasets.Dataset) -> None:
         """With peers, every shard's bytes come from its owner (see storage/peers)."""
         if self.peers:
-            view.shards[:] = [self.peers.wrap(shard) for shard in view.shards]
+            view.shards[:] = self.peers.place(view.shards)
 
     def _status_line(self) -> str:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()
