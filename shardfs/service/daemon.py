@@ -19,6 +19,7 @@ import threading
 import time
 from shardfs.view import dataset as datasets
 from shardfs.view import layouts
+from shardfs.view.sources import find_shards
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
@@ -117,6 +118,7 @@ class Daemon:
         self.sources, self.mountpoint, self.opts = cfg.sources, os.path.abspath(cfg.mountpoint), cfg
         self.metrics = None
         self.peers = None
+        self.sharing = None  # with peers: one index build per job (peer_indexes.py)
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -139,16 +141,27 @@ class Daemon:
                         "SHARDFS_STORAGE_TIMEOUT): a storage outage may get the daemon killed", watchdog,
                         deadline.TIMEOUT)
         if opts.peers and len(opts.peers) > 1:  # listening first: a port in use stops the mount at once
+            from shardfs.service.peer_indexes import IndexSharing
             from shardfs.storage.peers.net import PeerNet
 
             self.peers = PeerNet(opts.peers, opts.peer_self)
+            self.sharing = IndexSharing(self.peers, opts.index_dir, self.columns,
+                                        opts.workers or min(8, os.cpu_count() or 1))
         self._report("finding shards")
+        began = time.monotonic()
+        found = find_shards(self.sources)
+        if self.sharing:  # the indexes of the shards we own first: the other nodes ask for them
+            self.sharing.know(found)
+            self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=lambda done, total: self._report(f"indexed {done}/{total} shards"))
+                                     progress=lambda done, total: self._report(f"indexed {done}/{total} shards"),
+                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None)
+        view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
-        log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
+        log.info("%s; index ready in %.2f s (%d built, %d from peers, rest loaded)", _describe(view), view.seconds,
+                 view.built + (self.sharing.built if self.sharing else 0), view.from_peers)
         _return_freed_memory()
         if opts.cache_size:
             budget, why = share_budget(opts.cache_size)
@@ -172,7 +185,7 @@ class Daemon:
         self.pressure.start()
         self.fs = ShardFS(view, self.cache, self.stats, extra_stats=self.figures, on_ready=self._ready,
                           on_destroy=lambda: self.notifier.send(stopping="1", status="unmounting"))
-        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
+        self._index_figures(view)
 
         fsname = remote.redact(self.sources[0]).replace(",", "_") if self.sources else "shardfs"
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
@@ -191,6 +204,7 @@ class Daemon:
             self.metrics.stop()
         self.pressure.stop()
         if self.peers:
+            self.sharing.close()
             self.peers.close()
         self.cache.close()
         self._log_summary(time.monotonic() - started)
@@ -215,7 +229,7 @@ class Daemon:
             "directories": view.tree.ndirs,
             "bytes": view.tree.total_size,
             "problems": len(view.problems),
-            **self.index_figures,
+            **self._indexes(),
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
             "memory": self.pressure.figures(),
@@ -223,6 +237,15 @@ class Daemon:
             **({"remote": remote.counters()} if self.remote else {}),
             **({"peers": self.peers.figures()} if self.peers else {}),
         }
+
+    def _index_figures(self, view: datasets.Dataset) -> None:
+        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built,
+                              "indexes_from_peers": view.from_peers}
+
+    def _indexes(self) -> dict:
+        """The last index load's figures; built: also those built for the peers (owned shards first)."""
+        built = self.index_figures["indexes_built"] + (self.sharing.built if self.sharing else 0)
+        return {**self.index_figures, "indexes_built": built}
 
     def _join_peers(self, view: datasets.Dataset) -> None:
         """With peers, every shard's bytes come from its owner (see storage/peers)."""
@@ -318,7 +341,7 @@ class Daemon:
                 if line not in old.problems:
                     log.warning("%s", line)
             self.server.swap(new)
-            self.index_figures = {"index_seconds": round(new.seconds, 3), "indexes_built": new.built}
+            self._index_figures(new)
             self.cache.prefetch_all(added)
             log.info("rescan: %s (%d shards added, %d broken)", _describe(new), len(added),
                      sum(1 for s in new.shards if s.broken))

@@ -70,6 +70,9 @@ class PeerNet:
                                                                down=down if key else frozenset(), ring=self.ring)
             return found
 
+    def shard(self, digest: str) -> PeerShard | None:
+        return self._shards.get(digest)
+
     def owner_of(self, digest: str) -> str | None:
         return self.placement().owner_of(digest)
 

@@ -6,7 +6,8 @@ name); a shard's candidates are the peers met walking the ring clockwise from th
 point. Each shard goes to its first candidate that has room (see ``Placement._assign`` for
 the order): a load, with the shard, under the mean plus the largest shard (always possible:
 some peer is below the mean until all is placed) or at most (1 + EPS) times the mean. So no
-owner holds more than the larger of those two, whatever the hashes gave; hashing alone gave
+owner holds more than the larger of those two (and where shards are about equal, no more than
+its share of them rounded up), whatever the hashes gave; hashing alone gave
 one node 3-4 of 8 shards on 4 nodes, and 4.7x the mean with 1,281 shards on 1,000 nodes.
 
 A peer that leaves takes its points off the ring: its shards go each to their next candidate,
@@ -79,39 +80,48 @@ class Placement:
     def _assign(self, points: np.ndarray) -> list[int]:
         """Each shard's owner (an index into ring.peers).
 
-        First every shard goes to its first candidate up while that has room, shards nearest
-        their candidate's point first; then the shards left over walk on to the next candidate
-        with room, in the same order. A peer that leaves makes its shards far from their (new)
-        first candidate: they come late and displace few others (measured: tools/sim_peers.py)."""
+        A peer has room for a shard if, with it, it stays within (1 + EPS) times the mean over
+        all peers listed (the same whoever is down: a peer leaving does not move the bar for all
+        the others); or it holds fewer shards than its share (S / peers up, rounded up) and stays
+        under the mean (of the peers up) plus the largest shard. First every shard goes to its first candidate up if that has room,
+        shards nearest their candidate's point first; then the shards left over, in the same
+        order, walk on to the next candidate with room (past a full round: the first under the
+        mean plus the largest shard, which some peer always is). A peer that leaves makes its
+        shards far from their (new) first candidate: they come late and displace few others
+        (measured: tools/sim_peers.py)."""
         up = np.array(self._up)
         alive_points = self.ring.points[up[np.array(self.ring.who)]]
         nearest = alive_points[np.searchsorted(alive_points, points) % len(alive_points)]
         order = np.lexsort((points, nearest - points)).tolist()  # uint64: the distance wraps round the ring
         alive = int(up.sum())
         total, largest = sum(self.sizes), max(self.sizes)
-        # (load + size) / mean < 1 + largest / mean, or <= 1 + EPS: scaled by alive (and EPS_DEN) to stay integers
-        under, within = total + alive * largest, total * (EPS_DEN + EPS_NUM)
-        load = [0] * len(self.ring.peers)
+        share = -(-len(self.sizes) // alive)
+        # (load + size) / mean <= 1 + EPS, or < 1 + largest / mean: scaled by the peers (and EPS_DEN) to stay integers
+        within, under, listed = total * (EPS_DEN + EPS_NUM), total + alive * largest, len(self.ring.peers)
+        load, count = [0] * len(self.ring.peers), [0] * len(self.ring.peers)
         owner = [-1] * len(self.digests)
-        who, start, sizes, positions = self.ring.who, self.start, self.sizes, len(self.ring.who)
+        who, start, sizes, positions, is_up = self.ring.who, self.start, self.sizes, len(self.ring.who), self._up
 
-        def place(shard: int, walk: bool) -> bool:
+        def place(shard: int, first_only: bool, last: bool = False) -> bool:
+            """With its first candidate up with room (``first_only``: the first candidate up, if it has)."""
             size, pos = sizes[shard], start[shard]
-            while True:
+            for _ in range(positions):
                 peer = who[pos]
-                if self._up[peer]:
-                    scaled = (load[peer] + size) * alive
-                    if scaled < under or scaled * EPS_DEN <= within:
+                if is_up[peer]:
+                    new = load[peer] + size
+                    if new * alive < under and (last or count[peer] < share) or new * listed * EPS_DEN <= within:
                         load[peer] += size
+                        count[peer] += 1
                         owner[shard] = peer
                         return True
-                    if not walk:
+                    if first_only:
                         return False
                 pos = pos + 1 if pos + 1 < positions else 0
+            return False
 
-        left = [shard for shard in order if not place(shard, walk=False)]
+        left = [shard for shard in order if not place(shard, first_only=True)]
         for shard in left:
-            place(shard, walk=True)
+            place(shard, False) or place(shard, False, last=True)  # the last always finds room within a round
         return owner
 
     def owner_of(self, shard_digest: str) -> str | None:

@@ -29,6 +29,7 @@ import zlib
 from concurrent.futures import Future
 
 from shardfs.errors import UsageError
+from shardfs.storage import deadline
 from shardfs.storage.base import ShardIOError
 from shardfs.storage.peers import auth
 from shardfs.storage.peers.addresses import split
@@ -57,7 +58,7 @@ class PeerServer:
         """``find(digest)``: our shard of that identity, or None."""
         self.address, self.key, self.find = address, key, find
         self.read = self.loaded = None  # set by ready(): until then requests get 503
-        self.index_file = None  # set by serve_indexes(): until then index requests get 404
+        self.index_file = None  # set by serve_indexes(): until then index requests get 503
         self.fault = os.environ.get(FAULT_ENV)
         self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0,
                            indexes_to_peers=0)
@@ -79,7 +80,7 @@ class PeerServer:
         self.read, self.loaded = read, loaded
 
     def serve_indexes(self, index_file) -> None:
-        """``index_file(digest)``: the bytes of that shard's index file, or None (may build, wait)."""
+        """``index_file(digest)``: a Future of the bytes of that shard's index file, or of None."""
         self.index_file = index_file
 
     def _run(self, started: Future) -> None:
@@ -150,9 +151,12 @@ class PeerServer:
         if refused is not None:
             return refused
         digest = request.match_info["digest"]
-        data = None
-        if self.index_file is not None:
-            data = await asyncio.get_running_loop().run_in_executor(self._pool, self.index_file, digest)
+        if self.index_file is None:
+            return web.Response(status=503, text="not serving indexes yet")  # (starting: asked again)
+        try:  # the index may be under way: the requester waits as long, and builds it itself after
+            data = await asyncio.wait_for(asyncio.wrap_future(self.index_file(digest)), deadline.TIMEOUT)
+        except asyncio.TimeoutError:
+            data = None
         if data is None:
             return web.Response(status=404, text="no index of that shard here")
         crc = zlib.crc32(data)
