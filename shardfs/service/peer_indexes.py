@@ -4,8 +4,8 @@ The owner of a shard (owner.py, placed from the shards found and their sizes, be
 exists) builds its index; the other nodes ask the owner for it over the peer protocol (signed
 and checksummed as shard bytes are), check that it describes the shard as they see it (size,
 mtime, --columns and the fingerprint of its bytes) and keep it in their cache directory, so the
-next mount finds it. A node whose owner is down, slow or has none builds the index itself; it
-waits for an owner at most the storage deadline (deadline.TIMEOUT).
+next mount finds it. A node whose owner is down (not answering for START_WAIT), slow (no index
+within the storage deadline, deadline.TIMEOUT) or has none builds the index itself.
 
 Each index is built at most once per node (``_once``): peers' requests for a shard being built
 wait on that build, and are answered from the start, before this node's view is assembled.
@@ -32,7 +32,7 @@ from shardfs.storage.peers.client import PeerFailure
 log = logging.getLogger(__name__)
 
 BUILDERS = 2  # threads building indexes a peer asked for that were not built ahead
-START_WAIT = min(10.0, deadline.TIMEOUT / 3)  # an owner not answering this soon after our start may be starting too
+START_WAIT = min(5.0, deadline.TIMEOUT / 3)  # an owner not answering this soon after we ask may be starting too
 RETRY_S = 0.25
 
 
@@ -163,31 +163,24 @@ class IndexSharing:
         """The shard's index from its owner, checked and kept; None: ours to build (we own it,
         or its owner is down, slow, has none or sent one that does not describe our shard)."""
         digest = self._digests.get(path)
-        if digest is None:
+        peer = self.net.owner_of(digest) if digest is not None else None
+        if peer is None:
             return None
         began = time.monotonic()
-        ends = began + deadline.TIMEOUT
-        tried: set[str] = set()
-        while (left := ends - time.monotonic()) > 0.5:
-            starting = time.monotonic() < began + START_WAIT
-            # A job's nodes start within seconds of each other: at first an owner that does not
-            # answer is taken to be starting still, and asked again; later, as down.
-            peer = self.net.placement(with_down=not starting).owner_of(digest)
-            if peer == self.net.me:  # it fell to us: built once here, for us and for whoever asks us
-                self._wait(self._once(digest, path), left)
-                return None  # (the index job finds it stored)
-            if peer is None or (peer in tried and not starting):
-                return None
-            tried.add(peer)
+        if peer == self.net.me:  # it fell to us (a peer down): built once here, for us and whoever asks us
+            self._wait(self._once(digest, path), deadline.TIMEOUT)
+            return None  # (the index job finds it stored)
+        while (left := began + deadline.TIMEOUT - time.monotonic()) > 0.5:
             try:
                 data = self.net.client.fetch_index(peer, digest, left)
             except PeerFailure as exc:
-                if not exc.down:  # it has none, or it is alive but slow past the deadline
-                    log.info("%s: no index from %s (%s); building it here", path, peer, exc)
-                    return None
-                if starting:
+                # A job's nodes start within seconds of each other: an owner that does not answer
+                # at first is taken to be starting still, and asked again for a while.
+                if exc.down and time.monotonic() < began + START_WAIT:
                     time.sleep(RETRY_S)
-                continue  # marked down: the shard falls to another peer
+                    continue
+                log.info("%s: no index from %s (%s); building it here", path, peer, exc)
+                return None
             return self._checked(path, peer, data)
         return None
 

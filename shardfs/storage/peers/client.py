@@ -148,25 +148,30 @@ class PeerClient:
 
     def fetch_index(self, peer: str, digest: str, budget: float) -> bytes:
         """The owner's index file of the shard, checked as shard bytes are (HMAC, CRC-32), within
-        ``budget`` seconds (the owner may be building it), or PeerFailure. Not counted as shard bytes."""
-        return self._checked(peer, f"/index/{digest}", "", digest, None, budget, budget, count=False)
+        ``budget`` seconds (the owner may be building it), or PeerFailure. Neither counted as shard
+        bytes nor taken as a sign of the peer's health: at a job's start, peers still starting
+        refuse connections, and are not down for the reads that follow."""
+        return self._checked(peer, f"/index/{digest}", "", digest, None, budget, budget, health=False)
 
     def _checked(self, peer: str, target: str, byte_range: str, digest: str, length: int | None, budget: float,
-                 transfer: float, count: bool = True) -> bytes:
+                 transfer: float, health: bool = True) -> bytes:
         work = self._get(peer, target, byte_range, length, budget, transfer)
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
             data, seconds, headers, proof = future.result(budget + transfer + FIRST_BYTE_S + 1)
             self._check(headers, data, digest, byte_range, length, proof)  # here: the event loop goes on
         except PeerFailure as exc:
-            self._failed(peer, str(exc), exc.down)
+            if health:
+                self._failed(peer, str(exc), exc.down)
             raise
         except (self._aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError) as exc:
             future.cancel()
             why = str(exc) or type(exc).__name__
-            self._failed(peer, why, True)
+            if health:
+                self._failed(peer, why, True)
             raise PeerFailure(why) from None
-        self._ok(peer, len(data) if count else 0, seconds)
+        if health:
+            self._ok(peer, len(data), seconds)
         return data
 
     async def _get(self, peer: str, target: str, byte_range: str, length: int | None, budget: float,
