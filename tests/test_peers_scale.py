@@ -176,3 +176,24 @@ def test_sixteen_nodes_read_their_parts_storage_once_two_killed_mid_epoch(mount,
     assert check_all(first.path, digests, drop=True) == []
     assert {k.address for k in killed} <= set(first.stats()["peers"]["down"])
     assert first.stats()["read_errors"] == 0
+
+
+def test_storage_counters_count_shared_storage_only(mount, key_file, tmp_path):
+    """Every counter named storage counts shared storage alone; bytes from peers are counted as
+    such, in the stats, the metrics and --watch (two nodes reading everything: 1x from storage)."""
+    from conftest import shardfs_cmd
+
+    shards = tmp_path / "shards"
+    digests = write_shards(shards, shards=6, members=6, largest=200_000)
+    nodes = start_together(mount, shards, addresses(2), tmp_path)
+    for n in nodes:
+        assert check_all(n.path, digests, drop=True) == []
+    figures = [n.stats() for n in nodes]
+    assert sum(f["cache"]["storage_bytes_read"] for f in figures) == tar_bytes(shards)
+    for f in figures:
+        assert f["cache"]["storage_bytes_read"] == f["peers"]["storage_bytes_read"]
+        assert f["cache"]["peer_bytes_read"] == f["peers"]["bytes_from_peers"] > 0
+    metrics = shardfs_cmd("stats", nodes[0].path, "--format", "prometheus", check=True).stdout
+    assert "shardfs_cache_peer_read_bytes_total{" in metrics
+    watch = shardfs_cmd("stats", nodes[0].path, "--watch", "--count", "1", check=True).stdout
+    assert "(shared storage only; from peers" in watch
