@@ -301,11 +301,13 @@ class ShardCache:
             res = self.resident.get(shard)
             if res is not None:
                 return res
+            first = self._first(shard)
             refused_at = self.refused.get(shard)
-            if refused_at is not None and refused_at == self._counts["evicted"]:
+            if refused_at is not None and refused_at == self._counts["evicted"] and not first:
                 return None  # refused before and nothing was evicted since: keep reading it directly
+            # (A shard we own asks again: the others in its way may have been busy, and are not now.)
             need = buffers.footprint(shard.size)
-            if need > self.budget or not self._make_room(need, self._first(shard)):
+            if need > self.budget or not self._make_room(need, first):
                 # Admitting it later in the same pass would load again what was just read directly.
                 self.refused[shard] = self._counts["evicted"]
                 if self.publisher is not None:
