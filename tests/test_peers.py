@@ -125,10 +125,17 @@ def test_every_node_serves_every_file_and_storage_is_read_once(nodes, dataset):
     assert "; peers 3 up, 0 down" in _peers_status(a.stats()["peers"])  # the service's STATUS line
 
 
+def owners(files, peers: list[str], seen_as=None) -> dict:
+    """{shard file: its owner}, by the rule every node applies (``seen_as(file)``: the path the nodes see)."""
+    digests = [owner.digest(owner.identity(str(seen_as(p) if seen_as else p), p.stat().st_size, p.stat().st_mtime_ns))
+               for p in files]
+    placed = owner.Placement(digests, [p.stat().st_size for p in files], peers)
+    return {p: placed.owner_of(d) for p, d in zip(files, digests)}
+
+
 def owned(shards, peers: list[str], me: str) -> list:
-    """The shard files node ``me`` owns, by the rule every node applies."""
-    return [p for p in shards.glob("*.tar")
-            if owner.owner(owner.identity(str(p), p.stat().st_size, p.stat().st_mtime_ns), peers) == me]
+    """The shard files node ``me`` owns."""
+    return [p for p, who in owners(sorted(shards.glob("*.tar")), peers).items() if who == me]
 
 
 def owned_bytes(shards, peers: list[str], me: str) -> int:
@@ -419,9 +426,8 @@ def a_read_waiting_for_its_owner(nodes, tmp_path):
     mnt = tmp_path / "storage"
     for _ in range(100):  # the ports are random: until B owns a shard (half of the tries do)
         peers = addresses(2)
-        owned = [p.name for p in sorted(src.glob("*.tar"))
-                 if owner.owner(owner.identity(str(mnt / p.name), p.stat().st_size, p.stat().st_mtime_ns), peers)
-                 == peers[1]]
+        owned = [p.name for p, who in owners(sorted(src.glob("*.tar")), peers, lambda p: mnt / p.name).items()
+                 if who == peers[1]]
         if owned:
             break
     slow = owned[0]

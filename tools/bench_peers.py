@@ -15,10 +15,19 @@ open(path, 'rb') and checked against the source's sha256. Two capacities:
 
   a  each node's tiers could hold the whole dataset (RAM budget a third of it, disk tier 2x it)
   b  each node's RAM budget is a third of the dataset, no disk tier (the job holds 4/3 of it)
+(a third: --ram-share)
 
 each with peers (--peers, --peer-self) and without (today's behaviour), and a run of (b) with
 peers (--kill-in) in which one node's daemon is killed with SIGKILL a quarter into epoch 2 (it
 reads no more; the other nodes must read every file right).
+
+Each round begins with the index run (unless --no-index-run): the shards' indexes removed, one
+node alone mounts them (it builds every index), then the N nodes mount them at the same moment
+with peers (each shard's owner builds its index, the others receive it): the indexes built over
+all nodes, and when the last node is ready, against the node alone.
+
+--shards N makes the dataset in N shards (--shard-size from --dataset-size); with few shards
+per node, --ram-share 0.4 gives each node room for what it owns (its share, 1/N) and one more.
 
 All "nodes" share one page cache of the storage's files, which would hide a node's storage reads
 of bytes another node read just before: every epoch starts after drop_caches, and during epochs
@@ -31,6 +40,7 @@ Run as root (loop device, cgroup, drop_caches):
 
     python3 tools/bench_peers.py --dataset-size 128M --rounds 1   # smoke, a few minutes
     python3 tools/bench_peers.py --rounds 2                       # 256M dataset, ~40 min here
+    python3 tools/bench_peers.py --dataset-size 220M --shards 8 --ram-share 0.4 --rounds 1   # ~12 min
 """
 
 from __future__ import annotations
@@ -188,7 +198,7 @@ def read_epoch(ctx, mounts: dict, epoch: int, seed: int, kill: int | None = None
 
 def node_options(ctx, capacity: str, i: int, peers: bool) -> list[str]:
     a = ctx.args
-    opts = ["--cache-size", f"{ctx.shard_bytes // 3 >> 20}M"]
+    opts = ["--cache-size", f"{ctx.ram >> 20}M"]
     if capacity == "a":
         opts += ["--disk-cache", os.path.join(ctx.work, f"disk-{i}"), "--disk-cache-size",
                  f"{2 * ctx.shard_bytes >> 20}M"]
@@ -255,8 +265,69 @@ def one_setup(ctx, name: str, capacity: str, peers: bool, r: int, kill: int | No
 SETUPS = [("a-peers", "a", True), ("a-alone", "a", False), ("b-peers", "b", True), ("b-alone", "b", False)]
 
 
+def remove_indexes(ctx) -> None:
+    """Every index of the shards: beside them, in the index dirs of the index run."""
+    for shard in ctx.shards:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(shard + ".shardfs-idx")
+    for i in range(-1, ctx.args.nodes):
+        shutil.rmtree(os.path.join(ctx.work, f"idx-{i}"), ignore_errors=True)
+
+
+def mount_timed(ctx, name: str, i: int, options: list[str], t0: float, out: dict) -> None:
+    """Mount node i; out[i] = (seconds from t0 until it is ready, the mount)."""
+    m = ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", f"{name}{i}"),
+                           "--index-dir", os.path.join(ctx.work, f"idx-{i}"), *options,
+                           log=os.path.join(ctx.work, f"{name}-node{i}.log"))
+    out[i] = (time.monotonic() - t0, m)
+
+
+def index_run(ctx) -> dict:
+    """One node alone on unindexed shards, then all nodes at once with peers: (seconds until ready,
+    indexes built) of each. The owners write their indexes beside the shards, as before the run."""
+    a = ctx.args
+    remove_indexes(ctx)
+    drop_caches()
+    alone: dict = {}
+    mount_timed(ctx, "index-alone", -1, ["--cache-size", "64M"], time.monotonic(), alone)
+    seconds, m = alone[-1]
+    st = m.stats() or {}
+    out = {"alone_s": seconds, "alone_built": st.get("indexes_built", 0), "alone_index_s": st.get("index_seconds", 0.0)}
+    ctx.mounts.unmount(m)
+    remove_indexes(ctx)
+    drop_caches()
+    together: dict = {}
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=mount_timed, args=(ctx, "index-peers", i, node_options(ctx, "b", i, True), t0,
+                                                           together)) for i in range(a.nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(together) < a.nodes:
+        raise RuntimeError("a node of the index run did not mount (see its index-peers-node*.log)")
+    stats = {i: m.stats() or {} for i, (_s, m) in together.items()}
+    out.update(ready_s={i: s for i, (s, _m) in together.items()},
+               built={i: st.get("indexes_built", 0) for i, st in stats.items()},
+               from_peers={i: st.get("indexes_from_peers", 0) for i, st in stats.items()},
+               index_s={i: st.get("index_seconds", 0.0) for i, st in stats.items()})
+    out["last_ready_s"] = max(out["ready_s"].values())
+    out["last_index_s"] = max(out["index_s"].values())
+    for _s, m in together.values():
+        ctx.mounts.unmount(m)
+    print(f"  index run: alone ready {out['alone_s']:.1f} s (indexes {out['alone_index_s']:.1f} s, {out['alone_built']} "
+          f"built); {a.nodes} nodes at once: last ready {out['last_ready_s']:.1f} s (indexes "
+          f"{out['last_index_s']:.1f} s), built " + "+".join(str(v) for v in out["built"].values())
+          + ", from peers " + "+".join(str(v) for v in out["from_peers"].values()), flush=True)
+    for i in range(-1, a.nodes):
+        shutil.rmtree(os.path.join(ctx.work, f"idx-{i}"), ignore_errors=True)
+    return out
+
+
 def one_round(ctx, r: int) -> dict:
     out = {}
+    if ctx.args.index_run:
+        out["index"] = index_run(ctx)
     for name, capacity, peers in SETUPS:
         print(f"  {name}: capacity ({capacity}), {'with' if peers else 'without'} peers", flush=True)
         out[name] = one_setup(ctx, name, capacity, peers, r)
@@ -308,7 +379,16 @@ def report(ctx, rounds: list[dict]) -> None:
         print("    between peers, GB         " + per_epoch(name, lambda ep: ep["from_peers"] / 1e9, "{:.3f}"))
         print("    daemons' CPU s            " + per_epoch(name, lambda ep: ep["daemon_cpu_s"], "{:.1f}")
               + "; others' share of the CPU % " + per_epoch(name, lambda ep: 100 * (ep["others_cpu"] or 0), "{:.0f}"))
-    print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r)}")
+    print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r if k != 'index')}")
+    if a.index_run:
+        print()
+        print(f"index run ({len(ctx.shards)} unindexed shards): one node alone ready in "
+              f"{cell([r['index']['alone_s'] for r in rounds], '{:.1f}')} s (its index phase "
+              f"{cell([r['index']['alone_index_s'] for r in rounds], '{:.2f}')} s), {a.nodes} nodes at once with peers: "
+              f"last ready {cell([r['index']['last_ready_s'] for r in rounds], '{:.1f}')} s (longest index phase "
+              f"{cell([r['index']['last_index_s'] for r in rounds], '{:.2f}')} s); indexes built "
+              f"{cell([sum(r['index']['built'].values()) for r in rounds], '{:.0f}')}, received from peers "
+              f"{cell([sum(r['index']['from_peers'].values()) for r in rounds], '{:.0f}')}")
 
     def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
         med = median(values)
@@ -323,6 +403,13 @@ def report(ctx, rounds: list[dict]) -> None:
               [x(r[f"{capacity}-peers"]["storage"]) for r in rounds], "<=", 1.1)
     for e in range(1, a.epochs):
         judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
+    if a.index_run:
+        judge(f"index run: indexes built over all {n} nodes, x shards",
+              [sum(r["index"]["built"].values()) / len(ctx.shards) for r in rounds], "<=", 1.25)
+        judge(f"index run: last of {n} nodes ready (mount returned), x one node alone",
+              [r["index"]["last_ready_s"] / r["index"]["alone_s"] for r in rounds], "<=", 0.5)
+        judge(f"index run: longest index phase of {n} nodes, x one node alone",
+              [r["index"]["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
     for c in a.kill_in:
         name = f"kill-{c}"
         judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
@@ -366,7 +453,11 @@ def main() -> int:
                         help="on the local disk: the image, disk tiers, mountpoints, logs")
     parser.add_argument("--dataset-size", type=parse_size, default=parse_size("256M"), help="JPEG bytes to make")
     parser.add_argument("--shard-size", type=parse_size, default=parse_size("8M"),
-                        help="small enough that each node owns many (rendezvous hashing evens out over many)")
+                        help="shards of about this size (or --shards)")
+    parser.add_argument("--shards", type=int, help="make the dataset in this many shards (sets --shard-size)")
+    parser.add_argument("--ram-share", type=float, default=1 / 3, help="each node's RAM budget, x the dataset")
+    parser.add_argument("--no-index-run", dest="index_run", action="store_false",
+                        help="leave out the run of nodes mounting unindexed shards at once")
     parser.add_argument("--classes", type=int, default=50)
     parser.add_argument("--jpegs-from", help="copy the JPEGs of another run's dataset instead of making them")
     parser.add_argument("--side", default="auto", help="JPEG side in pixels (auto: ~110 KB per JPEG)")
@@ -384,12 +475,16 @@ def main() -> int:
     parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")
     parser.add_argument("--json", help="also write every round's figures here")
     args = parser.parse_args()
+    if args.shards:  # midway between N and N - 1 shards' sizes, in whole MiB (what pack takes)
+        middle = args.dataset_size * (1 / args.shards + 1 / max(1, args.shards - 1)) / 2
+        args.shard_size = max(1, round(middle / 2**20)) << 20
     ctx = Ctx()
     ctx.args, ctx.work = args, capped.begin(parser, args)
     with contextlib.ExitStack() as stack:
         ctx.shared, ctx.dev, ctx.marker = bench_dataset.on_capped_storage(args, ctx.work, stack)
         ctx.shards = shard_files(ctx.shared)
         ctx.shard_bytes = sum(os.path.getsize(s) for s in ctx.shards)
+        ctx.ram = int(ctx.shard_bytes * args.ram_share)
         for i in range(args.nodes):
             stack.callback(shutil.rmtree, os.path.join(ctx.work, f"disk-{i}"), True)
         ctx.digests = source_digests(ctx.shared)
@@ -397,7 +492,7 @@ def main() -> int:
         print(f"dataset: {len(ctx.digests)} JPEGs, {ctx.marker['image_bytes'] / 1e9:.3f} GB; {len(ctx.shards)} tar "
               f"shards {ctx.shard_bytes / 1e9:.3f} GB; shared storage {ctx.dev} capped at {args.iops} IOPS, "
               f"{args.bps / 1e6:.0f} MB/s; {args.nodes} nodes on 127.0.0.2-{1 + args.nodes}:{ctx.port}; RAM budget "
-              f"{ctx.shard_bytes // 3 >> 20} MiB per node, disk tier (a) {2 * ctx.shard_bytes >> 20} MiB", flush=True)
+              f"{ctx.ram >> 20} MiB per node, disk tier (a) {2 * ctx.shard_bytes >> 20} MiB", flush=True)
         ctx.cap = None
         stack.callback(lambda: ctx.cap and ctx.cap.close())
         ctx.mounts = stack.enter_context(Mounts())  # FUSE mounts undone first, then the cgroup, then the image

@@ -185,3 +185,30 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
         return _save_first(build(shard, columns), candidate_paths(shard_path, index_dir), shard_path)
     finally:
         shard.close()
+
+
+def received_describes(index: ShardIndex, shard_path: str, columns: Columns = Columns()) -> str | None:
+    """Why an index a peer sent cannot serve the local shard, or None: it was built from the shard
+    as it is here (its size and mtime), for these --columns, and its fingerprint matches the
+    shard's bytes (three small reads). OSError if the shard cannot be stat'ed or read."""
+    st = os.stat(shard_path)
+    if not is_current(index, st, columns):
+        return (f"built from another version or --columns (size {index.shard_size}, mtime {index.shard_mtime_ns}; "
+                f"here {st.st_size}, {st.st_mtime_ns})")
+    if not index.shard_fingerprint:
+        return "no fingerprint to check it by"
+    shard = LocalShard(shard_path, st.st_size, st.st_mtime_ns)
+    try:
+        now = fingerprint.of(shard)
+    finally:
+        shard.close()
+    return None if now == index.shard_fingerprint else "its fingerprint differs from the shard's bytes"
+
+
+def keep_received(index: ShardIndex, shard_path: str, index_dir: str | None = None) -> ShardIndex:
+    """An index a peer sent (checked by ``received_describes``), saved in the cache directory,
+    where the next mount on this node finds it; not beside the shard, where its owner wrote it
+    if it could (a thousand nodes need not all write that one file)."""
+    return _save_first(index, [cached_path(os.path.realpath(shard_path), index_dir)], shard_path,
+                       how="from a peer")[0]
+

@@ -22,6 +22,7 @@ from shardfs.view import dataset as datasets
 from shardfs.view import layouts
 from shardfs.view.progress import IndexProgress
 from shardfs.view.progress import describe as describe_progress
+from shardfs.view.sources import find_shards
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.memory import default_budget, share_budget
@@ -121,6 +122,7 @@ class Daemon:
         self.sources, self.mountpoint, self.opts = cfg.sources, os.path.abspath(cfg.mountpoint), cfg
         self.metrics = None
         self.peers = None
+        self.sharing = None  # with peers: one index build per job (peer_indexes.py)
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -159,21 +161,33 @@ class Daemon:
     def _start_peers(self) -> None:
         opts = self.opts
         if opts.peers and len(opts.peers) > 1:  # listening first: a port in use stops the mount at once
+            from shardfs.service.peer_indexes import IndexSharing
             from shardfs.storage.peers.net import PeerNet
 
             self.peers = PeerNet(opts.peers, opts.peer_self)
+            self.sharing = IndexSharing(self.peers, opts.index_dir, self.columns,
+                                        opts.workers or min(8, os.cpu_count() or 1))
 
     def _open_view(self) -> datasets.Dataset:
-        """Find the shards, load or build their indexes (saying how far it is), merge the tree."""
+        """Find the shards, load or build their indexes (saying how far it is; with peers, the
+        owned shards' first, then the others' from their owners), merge the tree."""
         opts = self.opts
         self._report("finding shards")
+        began = time.monotonic()
+        found = find_shards(self.sources)
+        if self.sharing:  # the indexes of the shards we own first: the other nodes ask for them
+            self.sharing.know(found)
+            self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=IndexProgress(self._index_progress))
+                                     progress=IndexProgress(self._index_progress),
+                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None)
+        view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
-        log.info("%s; index ready in %.2f s (%d built, rest loaded)", _describe(view), view.seconds, view.built)
-        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built}
+        log.info("%s; index ready in %.2f s (%d built, %d from peers, rest loaded)", _describe(view), view.seconds,
+                 view.built + (self.sharing.built if self.sharing else 0), view.from_peers)
+        self._index_figures(view)
         _return_freed_memory()
         return view
 
@@ -226,6 +240,7 @@ class Daemon:
             self.metrics.stop()
         self.pressure.stop()
         if self.peers:
+            self.sharing.close()
             self.peers.close()
         self.cache.close()
         self._log_summary(seconds)
@@ -255,7 +270,7 @@ class Daemon:
             "directories": view.tree.ndirs,
             "bytes": view.tree.total_size,
             "problems": len(view.problems),
-            **self.index_figures,
+            **self._indexes(),
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
             "memory": self.pressure.figures(),
@@ -264,10 +279,19 @@ class Daemon:
             **({"peers": self.peers.figures()} if self.peers else {}),
         }
 
+    def _index_figures(self, view: datasets.Dataset) -> None:
+        self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built,
+                              "indexes_from_peers": view.from_peers}
+
+    def _indexes(self) -> dict:
+        """The last index load's figures; built: also those built for the peers (owned shards first)."""
+        built = self.index_figures["indexes_built"] + (self.sharing.built if self.sharing else 0)
+        return {**self.index_figures, "indexes_built": built}
+
     def _join_peers(self, view: datasets.Dataset) -> None:
         """With peers, every shard's bytes come from its owner (see storage/peers)."""
         if self.peers:
-            view.shards[:] = [self.peers.wrap(shard) for shard in view.shards]
+            view.shards[:] = self.peers.place(view.shards)
 
     def _status_line(self) -> str:
         snap, cache = self.stats.snapshot(), self.cache.snapshot()
@@ -365,7 +389,7 @@ class Daemon:
                 if line not in old.problems:
                     log.warning("%s", line)
             self.server.swap(new)
-            self.index_figures = {"index_seconds": round(new.seconds, 3), "indexes_built": new.built}
+            self._index_figures(new)
             self.cache.prefetch_all(added)
             log.info("rescan: %s (%d shards added, %d broken)", _describe(new), len(added),
                      sum(1 for s in new.shards if s.broken))

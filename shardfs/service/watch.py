@@ -48,6 +48,7 @@ def view(mountpoint: str, now: dict, before: dict | None, seconds: float) -> str
     hits, misses = cache.get("hits", 0), cache.get("misses", 0)
     new_hits, new_misses = hits - old.get("hits", 0), misses - old.get("misses", 0)
     storage_rate = _rate(cache.get("storage_bytes_read", 0), old.get("storage_bytes_read", 0), seconds)
+    peer_rate = _rate(cache.get("peer_bytes_read", 0), old.get("peer_bytes_read", 0), seconds)
     served_rate = _rate(now.get("bytes_served", 0), (before or now).get("bytes_served", 0), seconds)
     req_rate = _rate(_requests(now), _requests(before or now), seconds)
     read_rate = _rate(now.get("fuse_ops", {}).get("read", 0), (before or now).get("fuse_ops", {}).get("read", 0),
@@ -61,7 +62,9 @@ def view(mountpoint: str, now: dict, before: dict | None, seconds: float) -> str
         f"{cache.get('shards_evicted', 0)} evicted (of {now.get('shards', 0)})",
         f"hit rate  {_share(new_hits, new_hits + new_misses)} now, {_share(hits, hits + misses)} overall "
         f"({hits} hits, {misses} misses, {cache.get('direct_reads', 0)} direct)",
-        f"storage   {_per_s(storage_rate, 1e6, ' MB/s')} now, {cache.get('storage_bytes_read', 0) / 1e6:.1f} MB read",
+        f"storage   {_per_s(storage_rate, 1e6, ' MB/s')} now, {cache.get('storage_bytes_read', 0) / 1e6:.1f} MB read"
+        + (f" (shared storage only; from peers {_per_s(peer_rate, 1e6, ' MB/s')} now, "
+           f"{cache.get('peer_bytes_read', 0) / 1e6:.1f} MB)" if "peers" in now else ""),
         f"requests  {_per_s(req_rate)} now ({_per_s(read_rate, unit=' reads/s')}), {_requests(now)} in total",
         f"served    {_per_s(served_rate, 1e6, ' MB/s')} now, {now.get('bytes_served', 0) / 1e6:.1f} MB in total; "
         f"{now.get('read_errors', 0)} read errors, {now.get('shards_broken', 0)} broken shards",

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Protocol
 
+from shardfs.storage import origin
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.buffers import BufferPool
 from shardfs.storage.claims import CLAIMED, MISSING, claim_run
@@ -93,7 +94,7 @@ class DiskTier:
         self.disabled: str | None = None
         self._lock = threading.RLock()  # _disable may run with it held
         self._closed = False
-        self._counts = dict(hits=0, bytes_read=0, bytes_written=0, storage_bytes_read=0, storage_read_ns=0,
+        self._counts = dict(hits=0, bytes_read=0, bytes_written=0, storage_bytes_read=0, peer_bytes_read=0, storage_read_ns=0,
                             checksum_failures=0,
                             shards_added=0, shards_evicted=0, shards_refused=0)
         # Daemon threads: a fill still reading storage at unmount is cut short as by a SIGKILL.
@@ -164,11 +165,14 @@ class DiskTier:
             entry.cond.notify_all()
 
     def _storage(self, read, *args):
-        """A read from shared storage (``args`` end with offset, length), counted and timed."""
-        began = time.perf_counter_ns()
-        got = read(*args)
-        self._count("storage_read_ns", time.perf_counter_ns() - began)
-        self._count("storage_bytes_read", args[-1])
+        """A read below the tier (``args`` end with offset, length): from shared storage, or a peer's
+        bytes with peers (origin.py), each counted apart; storage reads timed."""
+        got, from_peers, ns = origin.split(read, *args)
+        with self._lock:
+            self._counts["storage_bytes_read"] += args[-1] - from_peers
+            self._counts["peer_bytes_read"] += from_peers
+            if from_peers < args[-1]:
+                self._counts["storage_read_ns"] += ns
         return got
 
     # ---- chunks --------------------------------------------------------------------------
@@ -418,7 +422,7 @@ class DiskTier:
 
     def storage_counts(self) -> dict:
         with self._lock:
-            return {key: self._counts[key] for key in ("storage_bytes_read", "storage_read_ns")}
+            return {key: self._counts[key] for key in ("storage_bytes_read", "peer_bytes_read", "storage_read_ns")}
 
     def snapshot(self) -> dict:
         files = cache_files(self.dir)

@@ -36,7 +36,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from shardfs.errors import ShardfsError
-from shardfs.storage import buffers, deadline
+from shardfs.storage import buffers, deadline, origin
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.claims import CLAIMED, MISSING, claim_run
 from shardfs.storage.readers_first import ReadersFirst
@@ -167,7 +167,7 @@ class ShardCache:
         self.reserved = 0
         self._closed = False  # unmounted: loads stop, readers still waiting give up
         self._lock = threading.Lock()
-        self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, evicted=0, admitted=0,
+        self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, peer_bytes_read=0, evicted=0, admitted=0,
                             storage_read_ns=0, load_errors=0)
         self._queue = LoadQueue(loaders, self._load)
         self.prefetch_all(shards)
@@ -249,12 +249,11 @@ class ShardCache:
         """Read claimed chunks first..first+count-1 in one request and mark them loaded."""
         start = first * CHUNK
         length = min(count * CHUNK, res.size - start)
-        began = time.perf_counter_ns()
         try:
             if self.disk is None:
-                res.shard.read_into(memoryview(res.buf), start, length)
+                _, from_peers, ns = origin.split(res.shard.read_into, memoryview(res.buf), start, length)
             else:
-                self.disk.read_into(res.shard, memoryview(res.buf), start, length)
+                _, from_peers, ns = origin.split(self.disk.read_into, res.shard, memoryview(res.buf), start, length)
         except ShardIOError as exc:
             with res.cond:
                 if res.shard.broken:  # changed or truncated: nothing of it can be trusted
@@ -275,20 +274,22 @@ class ShardCache:
                 res.state[first : first + count] = bytes([MISSING]) * count
                 res.cond.notify_all()
             raise
-        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        self._count_read(length, from_peers, ns)
         with res.cond:
             res.state[first : first + count] = bytes([LOADED]) * count
             res.missing -= count
             res.cond.notify_all()
 
     def _direct(self, shard: Shard, offset: int, length: int) -> bytes:
-        began = time.perf_counter_ns()
         with self.readers_first.demand():
-            data = shard.pread(offset, length) if self.disk is None else self.disk.pread(shard, offset, length)
+            if self.disk is None:
+                data, from_peers, ns = origin.split(shard.pread, offset, length)
+            else:
+                data, from_peers, ns = origin.split(self.disk.pread, shard, offset, length)
         shard.forget(offset, length)
         self._count("direct_reads")
         self._count("misses")
-        self._count("storage_bytes_read", length, time.perf_counter_ns() - began)
+        self._count_read(length, from_peers, ns)
         return data
 
     # ---- admission, eviction, loading -------------------------------------
@@ -300,11 +301,13 @@ class ShardCache:
             res = self.resident.get(shard)
             if res is not None:
                 return res
+            first = self._first(shard)
             refused_at = self.refused.get(shard)
-            if refused_at is not None and refused_at == self._counts["evicted"]:
+            if refused_at is not None and refused_at == self._counts["evicted"] and not first:
                 return None  # refused before and nothing was evicted since: keep reading it directly
+            # (A shard we own asks again: the others in its way may have been busy, and are not now.)
             need = buffers.footprint(shard.size)
-            if need > self.budget or not self._make_room(need, self._first(shard)):
+            if need > self.budget or not self._make_room(need, first):
                 # Admitting it later in the same pass would load again what was just read directly.
                 self.refused[shard] = self._counts["evicted"]
                 if self.publisher is not None:
@@ -411,10 +414,16 @@ class ShardCache:
 
     # ---- figures ----------------------------------------------------------
 
-    def _count(self, key: str, n: int = 1, ns: int = 0) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self._counts[key] += n
-            if ns:
+
+    def _count_read(self, length: int, from_peers: int, ns: int) -> None:
+        """A read below us: the bytes shared storage gave (and the time, if it gave any), and those a peer did."""
+        with self._lock:
+            self._counts["storage_bytes_read"] += length - from_peers
+            self._counts["peer_bytes_read"] += from_peers
+            if from_peers < length:
                 self._counts["storage_read_ns"] += ns
 
     def snapshot(self) -> dict:

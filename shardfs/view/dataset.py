@@ -49,6 +49,7 @@ class Dataset:
     seconds: float
     built: int  # indexes built in this run (0 on a remount with persisted indexes)
     damaged: int = 0  # shards served up to or around damage (truncated, a bad header): their index has an error
+    from_peers: int = 0  # indexes received from peers in this run (built by the shards' owners)
 
     def layout(self, shard: Shard) -> DataLayout:
         """Where the shard's logical stream lives in its bytes (tar: as is; lz4: blocks), read
@@ -110,10 +111,11 @@ def _current(path: str, index_dir: str | None, columns: Columns):
 
 
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None,
-                 columns: Columns = Columns()):
+                 columns: Columns = Columns(), fetch_index=None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (processes for local shards; threads for remote ones, which wait on the network).
-    ``progress``: a progress.IndexProgress, told as each index is ready."""
+    ``progress``: a progress.IndexProgress, told as each index is ready. ``fetch_index(path)``: the
+    shard's index from a peer (its owner built it), or None; tried before building one."""
     done: dict[str, tuple] = {}
 
     def collect(pairs) -> None:
@@ -133,8 +135,12 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
     if progress is not None:
         progress.begin(len(paths), todo)
     collect(loaded)
-    # A local shard left over has no current index (it was just looked for): built without looking again.
-    jobs = [(p, index_dir, rebuild or not is_url(p), columns) for p in todo]
+    if fetch_index is not None and not rebuild and todo:
+        collect(_from_peers(todo, fetch_index))
+        todo = [p for p in paths if p not in done]
+    # A local shard left over has no current index (it was just looked for): built without looking again,
+    # unless asking peers may have stored one meanwhile (the shard fell to this node: built for all).
+    jobs = [(p, index_dir, rebuild or (not is_url(p) and fetch_index is None), columns) for p in todo]
     if any(is_url(p) for p in todo) and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs)))
@@ -147,19 +153,30 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
     return [(p, *done[p]) for p in paths]
 
 
+FETCHES = 16  # indexes asked of peers at once (each may wait for its owner's build)
+
+
+def _from_peers(paths: list[str], fetch_index):
+    """(path, (index, "from a peer")) for the shards whose index a peer gave."""
+    with ThreadPoolExecutor(max_workers=min(FETCHES, len(paths))) as pool:
+        got = list(zip(paths, pool.map(fetch_index, paths)))
+    return [(path, (ix, "from a peer")) for path, ix in got if ix is not None]
+
+
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
                  layout: layouts.ImageFolderLayout | None = None, progress=None,
-                 columns: Columns = Columns()) -> Dataset:
+                 columns: Columns = Columns(), found: list[str] | None = None, fetch_index=None) -> Dataset:
     """``layout``: None shows members as stored; see layouts.py for the imagefolder view.
     ``progress``: a progress.IndexProgress, told as each shard's index is ready. ``columns``: dataset
-    files' image and label columns (formats/datafile.py)."""
-    return _assemble(find_shards(sources), index_dir, workers, previous=None, layout=layout, progress=progress,
-                     columns=columns)
+    files' image and label columns (formats/datafile.py). ``found``: the sources' shards, if
+    listed already. ``fetch_index``: see index_shards."""
+    return _assemble(find_shards(sources) if found is None else found, index_dir, workers, previous=None,
+                     layout=layout, progress=progress, columns=columns, fetch_index=fetch_index)
 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
            workers: int | None = None, layout: layouts.ImageFolderLayout | None = None,
-           columns: Columns = Columns()) -> Dataset:
+           columns: Columns = Columns(), fetch_index=None) -> Dataset:
     """The dataset as the sources are now, keeping what readers may still hold.
 
     Added shards join the tree. A shard that disappeared or changed on disk keeps its
@@ -177,7 +194,7 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
                                         timeout=SOURCES_TIMEOUT)
     except (UsageError, OSError) as exc:
         raise RescanPostponed(f"cannot list the sources: {exc}") from None
-    return _assemble(paths, index_dir, workers, previous, layout, columns=columns)
+    return _assemble(paths, index_dir, workers, previous, layout, columns=columns, fetch_index=fetch_index)
 
 
 def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
@@ -203,7 +220,7 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
 
 def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
               layout: layouts.ImageFolderLayout | None = None, progress=None,
-              columns: Columns = Columns()) -> Dataset:
+              columns: Columns = Columns(), fetch_index=None) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
@@ -223,8 +240,9 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
             entries[path] = (ix, shard)
 
     fresh = [p for p in paths if p not in entries]
-    built = 0
-    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns):
+    built = from_peers = 0
+    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns,
+                                      fetch_index=fetch_index):
         if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
             ix = _stale_index(old[path])
             if ix is None:
@@ -233,6 +251,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
             problems.append(how)
             continue
         built += how.startswith("built")
+        from_peers += how == "from a peer"
         problems.extend(ix.warnings)
         if ix.error:
             problems.append(ix.error + (f" ({len(ix)} members served, the rest left out)" if len(ix) else ""))
@@ -254,4 +273,5 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     tree = Tree(shown, views, default_mtime=newest)
     problems.extend(tree.problems)
     damaged = sum(1 for p in order if entries[p][0].error)
-    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built, damaged)
+    return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built, damaged,
+                   from_peers=from_peers)

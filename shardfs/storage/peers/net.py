@@ -1,5 +1,6 @@
-"""This node among its peers: the peer list, our entry, the key, the server and the client,
-and the figures `shardfs stats` shows."""
+"""This node among its peers: the peer list, our entry, the key, the server and the client, who
+owns which shard (``owner.Placement``, recomputed when peers go down or come back), and the
+figures `shardfs stats` shows."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import threading
 
 from shardfs.storage.base import Shard
-from shardfs.storage.peers import auth
+from shardfs.storage.peers import auth, owner
 from shardfs.storage.peers.client import PeerClient
 from shardfs.storage.peers.server import PeerServer
 from shardfs.storage.peers.shard import PeerShard
@@ -23,18 +24,57 @@ class PeerNet:
         self._shards: dict[str, PeerShard] = {}
         self._lock = threading.Lock()
         self.storage_bytes_read = 0
+        self.ring = owner.Ring(self.peers)  # the peers' points: made once, placements reuse them
+        self._placed: tuple[list[str], list[int]] = ([], [])  # the shards placed: digests, sizes
+        self._placements: dict[bool, owner.Placement] = {}  # all up (False) / without those down now (True)
+        self._generation = -1
         self.server = PeerServer(me, key, self._shards.get)
         self.server.start()
         self.client = PeerClient(self.peers, me, key)
         log.info("%d peers; this node is %s", len(self.peers), me)
 
-    def wrap(self, shard: Shard) -> PeerShard:
-        """The shard as its peers serve it (a shard wrapped already stays as it is)."""
+    def place(self, shards: list[Shard]) -> list[PeerShard]:
+        """The shards as their peers serve them (a shard wrapped already stays as it is), and
+        their owners: computed here for the whole set at once, as on every node."""
+        wrapped = [self._wrap(shard) for shard in shards]
+        self.assign([s.digest for s in wrapped], [s.size for s in wrapped])
+        return wrapped
+
+    def assign(self, digests: list[str], sizes: list[int]) -> None:
+        """Place these shards among the peers (before the view exists: their indexes' owners)."""
+        with self._lock:
+            self._placed = (list(digests), list(sizes))
+            self._placements.clear()
+            self._generation = -1
+
+    def _wrap(self, shard: Shard) -> PeerShard:
         if isinstance(shard, PeerShard):
             return shard
         wrapped = PeerShard(shard, self)
         self._shards[wrapped.digest] = wrapped
         return wrapped
+
+    def placement(self, with_down: bool = True) -> owner.Placement:
+        """Who owns what now: without the peers down (``with_down``), or as if all were up (the
+        owner to try again once its backoff is over). Recomputed only when a peer went down or
+        came back, never per read."""
+        generation, down = self.client.down()
+        with self._lock:
+            if generation != self._generation:
+                self._placements.clear()
+                self._generation = generation
+            key = with_down and bool(down)
+            found = self._placements.get(key)
+            if found is None:
+                found = self._placements[key] = owner.Placement(*self._placed, self.peers,
+                                                               down=down if key else frozenset(), ring=self.ring)
+            return found
+
+    def shard(self, digest: str) -> PeerShard | None:
+        return self._shards.get(digest)
+
+    def owner_of(self, digest: str) -> str | None:
+        return self.placement().owner_of(digest)
 
     def ready(self, read, loaded) -> None:
         """Serve peers from the RAM cache: ``read`` its fetch, ``loaded`` what it holds now."""
@@ -52,12 +92,14 @@ class PeerNet:
         return got
 
     def figures(self) -> dict:
+        placed = self.placement()
+        mine = placed.ring.peers.index(self.me)
         with self._lock:
             storage = self.storage_bytes_read
         return {"self": self.me, "peers": len(self.peers), **self.client.figures(),
                 **self.server.counts,
                 "storage_bytes_read": storage,
-                "shards_owned": sum(1 for s in self._shards.values() if s.owned)}
+                "shards_owned": placed.owner.count(mine)}
 
     def close(self) -> None:
         self.server.stop()

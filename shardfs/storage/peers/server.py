@@ -7,6 +7,12 @@ it), with headers naming the shard's digest, the body's CRC-32 and the reply's H
 without a valid proof gets 403 and no data; a shard we do not have in this version (another
 dataset, a changed shard) 404; one we cannot read now 503.
 
+``GET /index/<digest>`` (same proof, no range) gets 200 and the shard's index file, from
+``index_file(digest)`` (given by the service: it loads the index, or builds it once while
+every request for it waits), signed the same way; 404 when there is none to give. It is
+answered from the start, before this node's own view of the dataset is ready: nodes mounting
+unindexed shards together ask each shard's owner for its index instead of all reading it.
+
 Bytes read for a peer are never fetched from another peer in turn (``serving_peer``): a node
 answers from its caches or shared storage, so requests never travel in circles.
 """
@@ -23,6 +29,7 @@ import zlib
 from concurrent.futures import Future
 
 from shardfs.errors import UsageError
+from shardfs.storage import deadline
 from shardfs.storage.base import ShardIOError
 from shardfs.storage.peers import auth
 from shardfs.storage.peers.addresses import split
@@ -51,8 +58,10 @@ class PeerServer:
         """``find(digest)``: our shard of that identity, or None."""
         self.address, self.key, self.find = address, key, find
         self.read = self.loaded = None  # set by ready(): until then requests get 503
+        self.index_file = None  # set by serve_indexes(): until then index requests get 503
         self.fault = os.environ.get(FAULT_ENV)
-        self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0)
+        self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0,
+                           indexes_to_peers=0)
         self._lock = threading.Lock()
         # Daemon threads: a request still reading storage at unmount is abandoned, never waited for.
         self._pool = DaemonPool(THREADS, "shardfs-peer-serve", initializer=_mark_serving)
@@ -70,12 +79,17 @@ class PeerServer:
         the bytes if they are at hand now, else None (answered on the event loop, no thread hop)."""
         self.read, self.loaded = read, loaded
 
+    def serve_indexes(self, index_file) -> None:
+        """``index_file(digest)``: a Future of the bytes of that shard's index file, or of None."""
+        self.index_file = index_file
+
     def _run(self, started: Future) -> None:
         from aiohttp import web
 
         loop = self._loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_get("/shard/{digest}", self._shard)
+        app.router.add_get("/index/{digest}", self._index)
         app.router.add_get("/alive", self._alive)  # no data, no key: a sign of life while a read takes long
         self._runner = web.AppRunner(app, access_log=None)
         host, port = split(self.address)
@@ -118,17 +132,47 @@ class PeerServer:
 
         return web.Response(status=204)
 
+    def _refused(self, request, byte_range: str):
+        """None for a request signed with our key, else the 403 to send."""
+        from aiohttp import web
+
+        why = auth.check_request(self.key, request.headers.get(auth.HEADER), request.method, request.path, byte_range)
+        if why is None:
+            return None
+        self._count("requests_refused")
+        if self.counts["requests_refused"] <= 10:
+            log.warning("refused a peer request from %s: %s", request.remote, why)
+        return web.Response(status=403, text=why)
+
+    async def _index(self, request):
+        from aiohttp import web
+
+        refused = self._refused(request, "")
+        if refused is not None:
+            return refused
+        digest = request.match_info["digest"]
+        if self.index_file is None:
+            return web.Response(status=503, text="not serving indexes yet")  # (starting: asked again)
+        try:  # the index may be under way: the requester waits as long, and builds it itself after
+            data = await asyncio.wait_for(asyncio.wrap_future(self.index_file(digest)), deadline.TIMEOUT)
+        except asyncio.TimeoutError:
+            data = None
+        if data is None:
+            return web.Response(status=404, text="no index of that shard here")
+        crc = zlib.crc32(data)
+        self._count("indexes_to_peers")
+        return web.Response(status=200, body=data, headers={
+            "X-Shardfs-Shard": digest, "X-Shardfs-Crc32": str(crc),
+            "X-Shardfs-Proof": auth.sign_reply(self.key, request.headers[auth.HEADER], crc, len(data))})
+
     async def _shard(self, request):
         from aiohttp import web
 
         byte_range = request.headers.get("Range", "")
         proof = request.headers.get(auth.HEADER)
-        why = auth.check_request(self.key, proof, request.method, request.path, byte_range)
-        if why is not None:
-            self._count("requests_refused")
-            if self.counts["requests_refused"] <= 10:
-                log.warning("refused a peer request from %s: %s", request.remote, why)
-            return web.Response(status=403, text=why)
+        refused = self._refused(request, byte_range)
+        if refused is not None:
+            return refused
         shard = self.find(request.match_info["digest"])
         if shard is None:
             return web.Response(status=404, text="no such shard here (another dataset or version)")

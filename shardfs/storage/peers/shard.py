@@ -1,5 +1,5 @@
 """A shard whose bytes come from its owner among the peers, and from shared storage only
-where this node is the first peer in the shard's order that answers.
+where this node is the first of the shard's candidates that answers (owner.py).
 
 The caches above call it as any ``Shard``: the RAM cache's loads ask for whole runs in file
 order (so a shard this node keeps is fetched whole, in order), its direct reads for one member's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from shardfs.storage import deadline
+from shardfs.storage import deadline, origin
 from shardfs.storage.base import Shard, ShardIOError
 from shardfs.storage.peers import owner
 from shardfs.storage.peers.client import PeerFailure
@@ -29,19 +29,14 @@ class PeerShard(Shard):
         self.remote, self.window = inner.remote, inner.window
         self.index_path = inner.index_path
         self.tag = getattr(inner, "tag", None)
-        ident = owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag)
-        self.digest = owner.digest(ident)
-        self.order = owner.order(ident, net.peers)
+        self.digest = owner.digest(owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag))
         self._lacking: dict[str, float] = {}  # peer -> until when it is taken not to hold this shard
 
     @property
     def owned(self) -> bool:
-        """Whether this node is the first peer in the shard's order not known to be down: its
-        owner, or whom the shard fell to (then it keeps the shard first, as the owner did)."""
-        for peer in self.order:
-            if peer == self.net.me or not self.net.client.is_down(peer):
-                return peer == self.net.me
-        return True
+        """Whether this node owns the shard among the peers up now: its owner, or whom the shard
+        fell to (then it keeps the shard first, as the owner did). Not placed: ours to read."""
+        return self.net.owner_of(self.digest) in (self.net.me, None)
 
     # One state for both: the inner shard marks itself broken (a changed file), and so may we.
     # (A shard is never mended: Shard.__init__'s None leaves a broken inner one broken.)
@@ -79,23 +74,37 @@ class PeerShard(Shard):
             self.net.from_storage(length, self.inner.read_into, buf, offset, length)
 
     def _from_peers(self, offset: int, length: int) -> bytes | None:
-        """The bytes from the first peer before us in the shard's order that gives them, or None:
-        we are next in line (or everyone before us failed), so storage it is."""
+        """The bytes from the first peer before us among the shard's candidates that gives them,
+        or None: we are next in line (or everyone before us failed), so storage it is."""
         if serving_peer():
             return None
-        client = self.net.client
         ends = time.monotonic() + PEER_BUDGET_S
-        for peer in self.order:
-            if peer == self.net.me:
-                return None
+        tried: set[str] = set()
+        while True:
+            peer = self._next_peer(tried)
             left = ends - time.monotonic()
-            if left <= 0.5:
+            if peer is None or left <= 0.5:
                 return None
-            if not client.usable(peer) or self._lacking.get(peer, 0.0) > time.monotonic():
-                continue
+            tried.add(peer)
             try:
-                return client.fetch(peer, self.digest, offset, length, left)
+                data = self.net.client.fetch(peer, self.digest, offset, length, left)
+                origin.add_from_peers(len(data))
+                return data
             except PeerFailure as exc:
                 if not exc.down:
                     self._lacking[peer] = time.monotonic() + LACKS_S
+                # else: the peer is down now and the owners are placed again without it
+
+    def _next_peer(self, tried: set[str]) -> str | None:
+        """Whom to ask next: the owner were all up, if it is down but due for another try (so a
+        peer that comes back is found); then the candidates among the peers up, until us."""
+        client, me, now = self.net.client, self.net.me, time.monotonic()
+        first = self.net.placement(with_down=False).owner_of(self.digest)
+        if first not in (None, me) and first not in tried and client.is_down(first) and client.usable(first):
+            return first
+        for peer in self.net.placement().candidates(self.digest):
+            if peer == me:
+                return None
+            if peer not in tried and client.usable(peer) and self._lacking.get(peer, 0.0) <= now:
+                return peer
         return None
