@@ -22,6 +22,7 @@ continuation of a file from another volume, devices) is left out with a warning 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from shardfs.formats import sparse
 from shardfs.formats.base import (
@@ -295,21 +296,10 @@ class TarFormat(AsStored):
     def _scan(self, win: Window, size: int, add: Callable[[MemberRecord], None],
               add_batch: Callable[[MemberColumns], None], result: ScanResult, skipped: list[list[int]]) -> None:
         pos = 0
-        pax_global: dict[bytes, bytes] = {}
-        pax: dict[bytes, bytes] = {}
-        pax_0_0: list[bytes] = []  # a PAX 0.0 sparse map: GNU.sparse.offset and numbytes records in order
-        long_name = long_link = None
-        continued = False
-        pending: set[bytes] = set()  # the kinds of extended header (x, L, K) read for the coming member
-        repeated = False
-        # Whether PAX records may mark the coming member (or all members) sparse: a substring test
-        # on the records' bytes, so that the per-member dict walk is paid by sparse archives only.
-        maybe_sparse = maybe_sparse_global = False
-        plain_globals = True  # no global record changes how a plain header reads
+        headers = _ExtendedHeaders()
         try:
             while pos + BLOCK <= size:
-                if (self.compiled and plain_globals and not (pax or pax_0_0 or pending or continued or repeated)
-                        and long_name is None and long_link is None):
+                if self.compiled and headers.plain():
                     pos = _fast(win, pos, size, add_batch, self.chunk)
                     if pos + BLOCK > size:
                         continue
@@ -320,123 +310,22 @@ class TarFormat(AsStored):
                     # GNU tar: "Skipping to next header"; what was read for this member is dropped.
                     after = _skip_damage(win, pos + BLOCK, size)
                     skipped.append([pos, (after - pos) // BLOCK])
-                    pax, pax_0_0, long_name, long_link, maybe_sparse = {}, [], None, None, False
-                    pending.clear()
-                    repeated, continued, pos = False, False, after
+                    headers.take()
+                    pos = after
                     continue
                 typeflag = header[156:157]
                 data_size = _number(header[124:136])
                 if data_size < 0:
                     raise ShardFormatError(f"negative size in header at offset {pos}")
-                data_at = pos + BLOCK
-                next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
-
-                if typeflag in (b"x", b"g", b"L", b"K"):
+                if typeflag in _EXTENDED:
                     if data_size > MAX_EXT_HEADER:
                         raise ShardFormatError(f"extended header of {data_size} bytes at offset {pos}")
-                    if next_pos > size:
+                    if _end_of(pos, data_size) > size:
                         raise ShardFormatError(f"truncated inside the extended header at offset {pos}")
-                    data = win.get(data_at, data_size)
-                    if typeflag != b"g":
-                        repeated |= typeflag in pending
-                        pending.add(typeflag)
-                    if typeflag == b"x":
-                        pax = dict(_pax_items(data))
-                        maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
-                        if maybe_sparse and b"GNU.sparse.offset=" in data:
-                            pax_0_0 = [v for k, v in _pax_items(data) if k in _SPARSE_0_0]
-                    elif typeflag == b"g":
-                        records = dict(_pax_items(data))
-                        maybe_sparse_global |= _SPARSE_PAX in data or _SPARSE_STAR in data
-                        # GNU tar's posix multi-volume: a volume's global header names the file whose
-                        # rest comes next; it describes that one member only.
-                        continued = b"GNU.volume.offset" in records
-                        pax_global.update(item for item in records.items() if not item[0].startswith(b"GNU.volume."))
-                        plain_globals = not maybe_sparse_global and not any(k in pax_global for k in _GLOBAL_PLAIN)
-                    elif typeflag == b"L":
-                        long_name = data.split(b"\0", 1)[0]
-                    else:
-                        long_link = data.split(b"\0", 1)[0]
-                    pos = next_pos
+                    headers.read(typeflag, win.get(pos + BLOCK, data_size))
+                    pos = _end_of(pos, data_size)
                     continue
-
-                attrs = {**pax_global, **pax}
-                if long_name is not None:
-                    name = long_name
-                elif header[257:263] == b"ustar\x00" and header[345] != 0:
-                    name = _name_field(header[345:500]) + b"/" + _name_field(header[:100])
-                else:
-                    name = _name_field(header[:100])
-                name = attrs.get(b"path", name)
-                link = attrs.get(b"linkpath", long_link if long_link is not None else _name_field(header[157:257]))
-                pax, long_name, long_link = {}, None, None
-                sparse_pax, maybe_sparse = (maybe_sparse or maybe_sparse_global) and _is_sparse(attrs), False
-                map_0_0, pax_0_0 = pax_0_0, []
-                rest_of_a_file, continued = continued, False
-                if pending:
-                    pending.clear()
-                if repeated:  # GNU tar keeps the last, tarfile and others the first: no one right answer
-                    repeated, pos = False, next_pos
-                    shown = name.decode("utf-8", "backslashreplace")
-                    result.warnings.append(
-                        f"member {shown}: two extended headers of one kind (readers differ) not served")
-                    continue
-
-                try:
-                    if b"size" in attrs:
-                        if not attrs[b"size"].isdigit():
-                            raise ValueError
-                        data_size = int(attrs[b"size"])
-                        next_pos = data_at + (data_size + BLOCK - 1) // BLOCK * BLOCK
-                    mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
-                except ValueError:
-                    raise ShardFormatError(f"bad PAX size or mtime for member {name!r}") from None
-                mode = _number(header[100:108]) & 0o7777
-
-                # (a regular member whose name ends in "/" is an old-style directory)
-                if typeflag == b"S" or (typeflag in _REGULAR and not name.endswith(b"/")):
-                    if sparse_pax:
-                        name = attrs.get(b"GNU.sparse.name", name)
-                    shown = name.decode("utf-8", "backslashreplace")
-                    old_map = None
-                    if typeflag == b"S":  # its map goes on in blocks before the data
-                        old_map, map_end = _old_gnu_map(win, header, data_at, size)
-                        next_pos, data_at = next_pos + map_end - data_at, map_end
-                    if rest_of_a_file:
-                        result.warnings.append(f"member {shown}: {_SKIPPED[b'M']}")
-                    elif next_pos > size:  # tar -x writes part of it (its last block too: tar reads whole blocks)
-                        result.cut = name
-                        raise ShardFormatError(f"truncated at offset {pos}: member {shown} needs {next_pos} bytes, "
-                                               f"the shard has {size}")
-                    elif old_map is not None or sparse_pax:
-                        try:
-                            runs, real_size, data_at = _sparse_map(win, header, attrs, old_map, map_0_0, data_at,
-                                                                   data_size)
-                        except ShardFormatError as why:
-                            result.warnings.append(f"member {shown}: sparse file with {why}: not served")
-                        else:
-                            small = sparse.read(runs, 0, real_size, lambda o, n: win.get(data_at + o, n)) \
-                                if real_size <= SMALL_DATA else None
-                            add(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime,
-                                                               small=small, sparse=runs))
-                    else:
-                        # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
-                        small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
-                        add(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime,
-                                                           small=small))
-                elif typeflag in _DIRS or typeflag in _REGULAR:
-                    add(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
-                elif typeflag == b"2":
-                    add(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
-                elif typeflag == b"1":
-                    add(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
-                elif typeflag in _SKIPPED:
-                    shown = name.decode("utf-8", "backslashreplace")
-                    result.warnings.append(f"member {shown}: {_SKIPPED[typeflag]}")
-                elif typeflag not in _IGNORED:
-                    shown = name.decode("utf-8", "backslashreplace")
-                    result.warnings.append(f"member {shown}: unknown tar type {typeflag!r} not served")
-                pos = next_pos
+                pos = _member(win, size, pos, header, headers.take(), headers, add, result)
         except ShardFormatError as exc:
             if "offset" in str(exc):
                 raise
@@ -447,5 +336,156 @@ class TarFormat(AsStored):
             # Every member is whole, but a download cut at a member's start looks just like this.
             raise ShardFormatError(f"truncated at offset {pos}: no end-of-archive marker")
 
+
+_EXTENDED = (b"x", b"g", b"L", b"K")  # PAX records (one member's, global), GNU long name and long link
+
+
+def _end_of(pos: int, data_size: int) -> int:
+    """Where the next header is, after the header at ``pos`` and its data in whole blocks."""
+    return pos + BLOCK + (data_size + BLOCK - 1) // BLOCK * BLOCK
+
+
+@dataclass
+class _ForMember:
+    """What extended headers said of the member whose header comes next."""
+
+    pax: dict[bytes, bytes] = field(default_factory=dict)
+    pax_0_0: list[bytes] = field(default_factory=list)  # a PAX 0.0 sparse map: offset and numbytes records in order
+    long_name: bytes | None = None
+    long_link: bytes | None = None
+    continued: bool = False  # a volume's global header: the member is the rest of a file from another volume
+    kinds: set[bytes] = field(default_factory=set)  # x, L, K read for it
+    repeated: bool = False  # one of those twice (readers differ on which counts)
+    # Whether its PAX records may mark it sparse: a substring test on the records' bytes, so that
+    # the per-member dict walk is paid by sparse archives only.
+    maybe_sparse: bool = False
+
+    def is_empty(self) -> bool:
+        return not (self.pax or self.pax_0_0 or self.kinds or self.continued or self.repeated) \
+            and self.long_name is None and self.long_link is None
+
+
+class _ExtendedHeaders:
+    """The extended headers read so far: PAX global records (for every member after them) and what
+    the others said of the coming member (taken by it, or dropped with a damaged header)."""
+
+    def __init__(self):
+        self.globals: dict[bytes, bytes] = {}
+        self.maybe_sparse_globals = False
+        self.plain_globals = True  # no global record changes how a plain header reads
+        self.coming = _ForMember()
+
+    def plain(self) -> bool:
+        """Whether the next header reads as a plain one (the compiled scanner may take it)."""
+        return self.plain_globals and self.coming.is_empty()
+
+    def take(self) -> _ForMember:
+        coming, self.coming = self.coming, _ForMember()
+        return coming
+
+    def read(self, typeflag: bytes, data: bytes) -> None:
+        coming = self.coming
+        if typeflag != b"g":
+            coming.repeated |= typeflag in coming.kinds
+            coming.kinds.add(typeflag)
+        if typeflag == b"x":
+            coming.pax = dict(_pax_items(data))
+            coming.maybe_sparse = _SPARSE_PAX in data or _SPARSE_STAR in data
+            if coming.maybe_sparse and b"GNU.sparse.offset=" in data:
+                coming.pax_0_0 = [v for k, v in _pax_items(data) if k in _SPARSE_0_0]
+        elif typeflag == b"g":
+            records = dict(_pax_items(data))
+            self.maybe_sparse_globals |= _SPARSE_PAX in data or _SPARSE_STAR in data
+            # GNU tar's posix multi-volume: a volume's global header names the file whose rest
+            # comes next; it describes that one member only.
+            coming.continued = b"GNU.volume.offset" in records
+            self.globals.update(item for item in records.items() if not item[0].startswith(b"GNU.volume."))
+            self.plain_globals = not self.maybe_sparse_globals and not any(k in self.globals for k in _GLOBAL_PLAIN)
+        elif typeflag == b"L":
+            coming.long_name = data.split(b"\0", 1)[0]
+        else:
+            coming.long_link = data.split(b"\0", 1)[0]
+
+
+def _member(win: Window, size: int, pos: int, header: bytes, ext: _ForMember, headers: _ExtendedHeaders,
+            add: Callable[[MemberRecord], None], result: ScanResult) -> int:
+    """The member whose header is at ``pos`` (with what extended headers said of it): added, or
+    left out with a warning; where the next header is."""
+    typeflag = header[156:157]
+    data_size = _number(header[124:136])
+    attrs = {**headers.globals, **ext.pax}
+    if ext.long_name is not None:
+        name = ext.long_name
+    elif header[257:263] == b"ustar\x00" and header[345] != 0:
+        name = _name_field(header[345:500]) + b"/" + _name_field(header[:100])
+    else:
+        name = _name_field(header[:100])
+    name = attrs.get(b"path", name)
+    link = attrs.get(b"linkpath", ext.long_link if ext.long_link is not None else _name_field(header[157:257]))
+    if ext.repeated:  # GNU tar keeps the last, tarfile and others the first: no one right answer
+        result.warnings.append(f"member {_shown(name)}: two extended headers of one kind (readers differ) not served")
+        return _end_of(pos, data_size)
+    try:
+        if b"size" in attrs:
+            if not attrs[b"size"].isdigit():
+                raise ValueError
+            data_size = int(attrs[b"size"])
+        mtime = float(attrs[b"mtime"]) if b"mtime" in attrs else float(_number(header[136:148]))
+    except ValueError:
+        raise ShardFormatError(f"bad PAX size or mtime for member {name!r}") from None
+    mode = _number(header[100:108]) & 0o7777
+
+    # (a regular member whose name ends in "/" is an old-style directory)
+    if typeflag == b"S" or (typeflag in _REGULAR and not name.endswith(b"/")):
+        sparse_pax = (ext.maybe_sparse or headers.maybe_sparse_globals) and _is_sparse(attrs)
+        return _file(win, size, pos, header, ext, attrs, name, data_size, mode, mtime, sparse_pax, add, result)
+    if typeflag in _DIRS or typeflag in _REGULAR:
+        add(MemberRecord(name, Kind.DIR, 0, 0, mode, mtime))
+    elif typeflag == b"2":
+        add(MemberRecord(name, Kind.SYMLINK, 0, len(link), mode, mtime, link))
+    elif typeflag == b"1":
+        add(MemberRecord(name, Kind.HARDLINK, 0, 0, mode, mtime, link))
+    elif typeflag in _SKIPPED:
+        result.warnings.append(f"member {_shown(name)}: {_SKIPPED[typeflag]}")
+    elif typeflag not in _IGNORED:
+        result.warnings.append(f"member {_shown(name)}: unknown tar type {typeflag!r} not served")
+    return _end_of(pos, data_size)
+
+
+def _file(win: Window, size: int, pos: int, header: bytes, ext: _ForMember, attrs: dict[bytes, bytes], name: bytes,
+          data_size: int, mode: int, mtime: float, sparse_pax: bool, add: Callable[[MemberRecord], None],
+          result: ScanResult) -> int:
+    """A regular or sparse file's member; where the next header is."""
+    if sparse_pax:
+        name = attrs.get(b"GNU.sparse.name", name)
+    data_at, next_pos = pos + BLOCK, _end_of(pos, data_size)
+    old_map = None
+    if header[156:157] == b"S":  # its map goes on in blocks before the data
+        old_map, map_end = _old_gnu_map(win, header, data_at, size)
+        next_pos, data_at = next_pos + map_end - data_at, map_end
+    if ext.continued:
+        result.warnings.append(f"member {_shown(name)}: {_SKIPPED[b'M']}")
+    elif next_pos > size:  # tar -x writes part of it (its last block too: tar reads whole blocks)
+        result.cut = name
+        raise ShardFormatError(f"truncated at offset {pos}: member {_shown(name)} needs {next_pos} bytes, "
+                               f"the shard has {size}")
+    elif old_map is not None or sparse_pax:
+        try:
+            runs, real_size, data_at = _sparse_map(win, header, attrs, old_map, ext.pax_0_0, data_at, data_size)
+        except ShardFormatError as why:
+            result.warnings.append(f"member {_shown(name)}: sparse file with {why}: not served")
+        else:
+            small = sparse.read(runs, 0, real_size, lambda o, n: win.get(data_at + o, n)) \
+                if real_size <= SMALL_DATA else None
+            add(MemberRecord(name, Kind.FILE, data_at, real_size, mode, mtime, small=small, sparse=runs))
+    else:
+        # A tiny member's data sits in the window just read: keep it (labels, see labels.py).
+        small = win.get(data_at, data_size) if data_size <= SMALL_DATA else None
+        add(MemberRecord(name, Kind.FILE, data_at, data_size, mode, mtime, small=small))
+    return next_pos
+
+
+def _shown(name: bytes) -> str:
+    return name.decode("utf-8", "backslashreplace")
 
 FORMAT = TarFormat()
