@@ -39,6 +39,8 @@ def test_lookups_are_exact_when_every_hash_collides(tmp_path, monkeypatch):
     monkeypatch.setattr(tree, "path_hash", lambda path: 42)
     names = [f"d/{i}.bin".encode() for i in range(50)]
     ixs = _indexes(tmp_path, [[(n, n) for n in names[:25]], [(n, n) for n in names[25:]]])
+    for ix in ixs:  # the compiled scanner hashes the names itself
+        ix.hash = np.full(len(ix), 42, np.uint64)
     t = tree.Tree(["s0.tar", "s1.tar"], ixs)
     assert t.problems == []  # equal hashes of different names are not duplicates
     for n in names:
@@ -46,3 +48,13 @@ def test_lookups_are_exact_when_every_hash_collides(tmp_path, monkeypatch):
         assert t.name(m) == n and int(t.size[m]) == len(n)
     assert t.lookup(b"d/50.bin") == 0
     assert np.all(t.lookup_hash == 42)
+
+
+def test_members_by_hash_are_sorted_also_when_top_bits_tie():
+    rng = np.random.default_rng(7)
+    hashes = rng.integers(0, 2**64, 5000, dtype=np.uint64)
+    hashes[:2000] &= np.uint64(0xFFFF_0000_0000_0FFF)  # the key's top bits tie often, the low ones differ
+    ids = np.flatnonzero(rng.random(5000) < 0.8).astype(np.uint32)
+    ordered = tree._by_hash(ids, hashes)
+    assert sorted(ordered.tolist()) == ids.tolist()
+    assert (hashes[ordered][1:] >= hashes[ordered][:-1]).all()

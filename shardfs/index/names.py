@@ -38,6 +38,18 @@ def normalise(raw: bytes) -> bytes:
     return path
 
 
+def strip_climb(raw: bytes) -> tuple[bytes, bytes]:
+    """GNU tar's prefix stripping ("Removing leading `folder/../' from member names"): the name
+    after its last ``..`` component, and the part removed; ``(raw, b"")`` for a name without one.
+    What is left cannot climb, so it stays in the tree."""
+    parts = raw.split(b"/")
+    last = max((i for i, part in enumerate(parts) if part == b".."), default=-1)
+    if last < 0:
+        return raw, b""
+    rest = parts[last + 1 :]
+    return b"/".join(rest), b"/".join(parts[: last + 1]) + (b"/" if rest else b"")
+
+
 def show(name: bytes) -> str:
     """A name for a log line: printable, never raises."""
     return name.decode("utf-8", "backslashreplace")

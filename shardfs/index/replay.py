@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 from shardfs.formats.base import Kind, MemberRecord
-from shardfs.index.names import BadName, normalise, parent_of, show
+from shardfs.index.names import BadName, normalise, parent_of, show, strip_climb
 
 MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 _DIR, _HARDLINK, _SYMLINK = Kind.DIR, Kind.HARDLINK, Kind.SYMLINK
@@ -26,20 +26,22 @@ def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[st
     member the end of the shard cuts short (formats.base.ScanResult.cut)."""
     state = Replay(warn)
     kept, dirs, full = state.kept, state.dirs, state.full
+    climbing = Climbing()
     for rec in records:
         try:
             path = normalise(rec.path)
         except BadName as why:
             if rec.kind == _DIR and not rec.path.strip(b"./"):
                 continue  # "./": the root itself, as `tar -C dir .` writes it
-            warn(f"member {show(rec.path)} refused: name {why}")
-            continue
+            path = climbing.stripped(rec.path)
+            if path is None:
+                warn(f"member {show(rec.path)} refused: name {why}")
+                continue
+            if not path:
+                continue  # nothing left: named in climbing's line
         kind = rec.kind
         if kind == _HARDLINK:
-            try:
-                target = kept.get(normalise(rec.link))
-            except BadName:
-                target = None
+            target = kept.get(_target_name(rec.link))
             if target is None or target.kind == _DIR:
                 warn(f"hard link {show(path)} -> {show(rec.link)}: target missing")
                 continue
@@ -59,13 +61,65 @@ def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[st
         else:
             state.add(path, rec)
     if cut is not None:  # tar -x writes part of it over an earlier file of that name
-        try:
-            cut = normalise(cut)
-        except BadName:
-            cut = None
+        cut = _target_name(cut)
         if cut is not None and state.cut(cut):
             warn(f"member {show(cut)}: a later member of this name is cut short; neither is served")
+    climbing.report(warn)
     return list(kept.values())
+
+
+def _target_name(raw: bytes) -> bytes | None:
+    """A hard link's target (or a cut member's name) as tar -x names it, or None if it has none."""
+    try:
+        return normalise(strip_climb(raw)[0])
+    except BadName:
+        return None
+
+
+class Climbing:
+    """Names with a ``..`` component, served without the leading part up to and including the
+    last one, as GNU tar names them ("Removing leading `folder/../' from member names"; tar >= 1.29
+    then refuses to extract them, CVE-2016-6321, but the stripped name cannot leave the tree);
+    one log line per shard, not one per member."""
+
+    SHOWN = 3
+
+    def __init__(self):
+        self.served: list[tuple[bytes, bytes]] = []  # (name in the archive, name served)
+        self.removed: list[bytes] = []  # the leading parts, in the order first met
+        self.left_out: list[bytes] = []
+
+    def stripped(self, raw: bytes) -> bytes | None:
+        """The name to serve ``raw`` under; b"" if nothing is left of it; None if it has no ``..``
+        (refused for another reason)."""
+        rest, removed = strip_climb(raw)
+        if not removed:
+            return None
+        try:
+            path = normalise(rest)
+        except BadName:  # empty once stripped ("folder/.."), or too long, or a NUL byte
+            self.left_out.append(raw)
+            return b""
+        if removed not in self.removed:
+            self.removed.append(removed)
+        self.served.append((raw, path))
+        return path
+
+    def report(self, warn: Callable[[str], None]) -> None:
+        if not self.served and not self.left_out:
+            return
+        parts = []
+        if self.served:
+            leading = ", ".join(f"`{show(r)}'" for r in self.removed[: self.SHOWN])
+            examples = ", ".join(f"{show(raw)} as {show(path)}" for raw, path in self.served[: self.SHOWN])
+            parts.append(f"{len(self.served)} member names with '..' served without their leading "
+                         f"{leading}{' ...' if len(self.removed) > self.SHOWN else ''}, as GNU tar names them "
+                         f"({examples}{' ...' if len(self.served) > self.SHOWN else ''})")
+        if self.left_out:
+            shown = ", ".join(show(raw) for raw in self.left_out[: self.SHOWN])
+            parts.append(f"{len(self.left_out)} left out with no name left once stripped of '..' "
+                         f"({shown}{' ...' if len(self.left_out) > self.SHOWN else ''})")
+        warn("; ".join(parts))
 
 
 class Replay:

@@ -45,15 +45,18 @@ def _same_columns(index: ShardIndex, columns: Columns) -> bool:
 
 
 def _left_out_what_we_serve(index: ShardIndex) -> bool:
-    """An older scanner's index that left out sparse files, absolute names or the members after
-    damage (its warnings and error say so): this version serves them, so it is rebuilt."""
-    return bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings)
+    """An older version's index that left out sparse files, absolute names or the members after
+    damage (an older file format), or names with '..' (any format; its warnings and error say so):
+    this version serves them, so it is rebuilt."""
+    if any("name climbs out of the tree (..)" in w for w in index.warnings):
+        return True
+    return index.legacy and (bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings))
 
 
 def _try_load(path, shown: str | None = None) -> ShardIndex | None:
     try:
         index = load(path)
-        if index.legacy and _left_out_what_we_serve(index):
+        if _left_out_what_we_serve(index):
             raise OutdatedIndex("an index of an older version that left members out")
         return index
     except FileNotFoundError:

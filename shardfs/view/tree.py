@@ -27,6 +27,23 @@ log = logging.getLogger(__name__)
 MAX_REPORTED = 20  # conflict lines logged one by one; the rest are counted
 
 
+def _by_hash(ids: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """``ids`` in the order of their hashes. Each id is packed under its hash's top bits into one
+    64-bit key and the keys sorted by value: 5-8x faster than an argsort of the hashes at 4M
+    members. Ids whose hashes share those top bits (a few) come in id order; one stable sort of
+    the nearly sorted result puts them right."""
+    if not len(ids):
+        return ids
+    id_bits = max(int(ids[-1]).bit_length(), 1)  # ids ascend (flatnonzero)
+    keys = (hashes[ids] >> np.uint64(id_bits)) << np.uint64(id_bits) | ids.astype(np.uint64)
+    keys.sort()
+    ordered = (keys & np.uint64((1 << id_bits) - 1)).astype(np.uint32)
+    found = hashes[ordered]
+    if (found[1:] < found[:-1]).any():
+        ordered = ordered[np.argsort(found, kind="stable")]
+    return ordered
+
+
 @dataclass
 class Dir:
     path: bytes
@@ -115,8 +132,7 @@ class Tree:
         # Files and links by path hash, sorted once for the checks below and for lookups. Not a
         # stable sort (numpy's quicksort is 6x faster on a million hashes): equal hashes of
         # different names come in no particular order, and every use compares the names.
-        by_hash = np.flatnonzero(live).astype(np.uint32)
-        by_hash = by_hash[np.argsort(hashes[by_hash])]
+        by_hash = _by_hash(np.flatnonzero(live).astype(np.uint32), hashes)
         sorted_hashes = hashes[by_hash]
         self._hide_files_shadowed_by_dirs(live, by_hash, sorted_hashes)
         kept = live[by_hash]

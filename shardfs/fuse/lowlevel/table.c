@@ -30,12 +30,44 @@ static int compare_names(const char *a, size_t alen, const char *b, size_t blen)
     return c ? c : (alen > blen) - (alen < blen);
 }
 
-static int compare_children(const void *x, const void *y, void *table) {
-    const char *a, *b;
-    size_t alen, blen;
-    base_name(table, *(const uint32_t *)x, &a, &alen);
-    base_name(table, *(const uint32_t *)y, &b, &blen);
-    return compare_names(a, alen, b, blen);
+/* A child with its base name found once: the sort compares these (finding the base name in each
+ * comparison, two memrchr per call, took 2.7 s of a 4M-member remount). */
+typedef struct {
+    const char *name;
+    size_t len;
+    uint32_t node;
+} Named;
+
+static int compare_named(const void *x, const void *y) {
+    const Named *a = x, *b = y;
+    return compare_names(a->name, a->len, b->name, b->len);
+}
+
+/* Each directory's children in name order; -1 if out of memory. Called without the GIL. */
+static int sort_children(Table *t, uint32_t ndirs) {
+    uint32_t most = 0;
+    for (uint32_t d = 0; d < ndirs; d++)
+        if (t->child_start[d + 1] - t->child_start[d] > most)
+            most = t->child_start[d + 1] - t->child_start[d];
+    if (most < 2)
+        return 0;
+    Named *named = malloc(most * sizeof(Named));
+    if (named == NULL)
+        return -1;
+    for (uint32_t d = 0; d < ndirs; d++) {
+        uint32_t lo = t->child_start[d], n = t->child_start[d + 1] - lo;
+        if (n < 2)
+            continue;
+        for (uint32_t i = 0; i < n; i++) {
+            named[i].node = t->children[lo + i];
+            base_name(t, named[i].node, &named[i].name, &named[i].len);
+        }
+        qsort(named, n, sizeof(Named), compare_named);
+        for (uint32_t i = 0; i < n; i++)
+            t->children[lo + i] = named[i].node;
+    }
+    free(named);
+    return 0;
 }
 
 /* The node of an inode number, or -1. */
@@ -239,13 +271,14 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     t->gid = gid;
     t->files = files;
     t->total_size = total;
+    int sorted;
     Py_BEGIN_ALLOW_THREADS
-    for (uint32_t d = 0; d < ndirs; d++) {
-        uint32_t lo = t->child_start[d], hi = t->child_start[d + 1];
-        if (hi > lo + 1)
-            qsort_r(t->children + lo, hi - lo, sizeof(uint32_t), compare_children, t);
-    }
+    sorted = sort_children(t, ndirs);
     Py_END_ALLOW_THREADS
+    if (sorted < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
     for (uint32_t s = 0; s < nshards; s++) {
         PyObject *slot = PyTuple_GetItem(slots, s);
         if (slot == Py_None)
