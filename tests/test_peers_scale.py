@@ -162,7 +162,7 @@ def test_sixteen_nodes_read_their_parts_storage_once_two_killed_mid_epoch(mount,
                for i, n in enumerate(nodes)}
     for t in readers.values():
         t.start()
-    wait_for(lambda: len(done) >= len(names) // 4)
+    wait_for(lambda: len(done) >= len(names) // 4, lambda: f"a quarter of {len(names)} files read ({len(done)} so far)")
     stop.set()
     for n in killed:
         readers[n.path].join(timeout=60)

@@ -469,6 +469,9 @@ def _file(win: Window, size: int, pos: int, header: bytes, ext: _ForMember, attr
         result.cut = name
         raise ShardFormatError(f"truncated at offset {pos}: member {_shown(name)} needs {next_pos} bytes, "
                                f"the shard has {size}")
+    elif old_map is not None and sparse_pax:  # GNU tar reads one map, tarfile the other: no one right answer
+        result.warnings.append(f"member {_shown(name)}: sparse file with both an old GNU map and PAX sparse "
+                               "records (readers differ) not served")
     elif old_map is not None or sparse_pax:
         try:
             runs, real_size, data_at = _sparse_map(win, header, attrs, old_map, ext.pax_0_0, data_at, data_size)
