@@ -9,6 +9,7 @@ read about once for the job, not once per node.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from benchlib import sample
 from benchlib.cli import REPO
 from conftest import needs_fuse
 from slurmcluster import PYTHON, SlurmCluster, missing_parts
-from test_slurm import (NOBODY, SHARDS_LINE, job_folder, json_lines, output, readme_job_script, running_cluster,
+from test_slurm import (NOBODY, SHARDS_LINE, job_folder, output, readme_job_script, running_cluster,
                         sbatch, scancel_leaves_nothing, wait_ready, wait_until_clean)
 
 pytestmark = [needs_fuse, pytest.mark.skipif(missing_parts() is not None, reason=f"no Slurm here: {missing_parts()}")]
@@ -65,9 +66,11 @@ for i in sampler:
 dist.barrier()
 stats = subprocess.run([sys.executable, "-m", "shardfs", "stats", "--json", os.path.dirname(args.data)],
                        capture_output=True, text=True, check=True).stdout
-print(json.dumps({"host": socket.gethostname(), "rank": dist.get_rank(), "world": dist.get_world_size(),
-                  "data": args.data, "seen": seen, "loss": loss.item(), "digests": digests,
-                  "stats": json.loads(stats)}), flush=True)
+result = {"host": socket.gethostname(), "rank": dist.get_rank(), "world": dist.get_world_size(),
+          "data": args.data, "seen": seen, "loss": loss.item(), "digests": digests, "stats": json.loads(stats)}
+with open(f"result-{dist.get_rank()}.json.part", "w") as f:  # a file each: two tasks' long lines interleave in out.txt
+    json.dump(result, f)
+os.rename(f"result-{dist.get_rank()}.json.part", f"result-{dist.get_rank()}.json")
 dist.destroy_process_group()
 '''
 
@@ -86,7 +89,9 @@ digests = {}
 for rel in files[rank::world]:
     with open(os.path.join(args.data, rel), "rb") as f:
         digests[rel] = hashlib.sha256(f.read()).hexdigest()
-print(json.dumps({"host": socket.gethostname(), "rank": rank, "world": world, "digests": digests}), flush=True)
+with open(f"result-{rank}.json.part", "w") as f:  # a file each: two tasks' long lines interleave in out.txt
+    json.dump({"host": socket.gethostname(), "rank": rank, "world": world, "digests": digests}, f)
+os.rename(f"result-{rank}.json.part", f"result-{rank}.json")
 print("ready", socket.gethostname(), len(os.listdir(args.data)), flush=True)
 time.sleep(600)
 '''
@@ -117,6 +122,15 @@ def readme_job(cluster: SlurmCluster, name: str, train_py: str) -> str:
     return job_folder(cluster, name, {"job.sh": script.replace(SHARDS_LINE, f"SHARDS={shards}"), "train.py": train_py})
 
 
+def rank_results(folder: str) -> list[dict]:
+    """What each task of the job wrote (result-RANK.json in the job's folder), by rank."""
+    results = []
+    for name in sorted(glob.glob(os.path.join(folder, "result-*.json"))):
+        with open(name) as f:
+            results.append(json.load(f))
+    return sorted(results, key=lambda r: r["rank"])
+
+
 def shard_bytes(cluster: SlurmCluster) -> int:
     shards = os.path.join(cluster.top, "shards")
     return sum(os.path.getsize(os.path.join(shards, n)) for n in os.listdir(shards) if n.endswith(".tar"))
@@ -129,7 +143,7 @@ def test_readme_job_script_trains_on_two_nodes_reading_storage_once(cluster):
     seconds = time.monotonic() - started
     out = output(folder)
     assert code == 0, f"job {job} failed:\n{out}\n{cluster.logs()}"
-    results = sorted(json_lines(out), key=lambda r: r["rank"])
+    results = rank_results(folder)
     assert [(r["host"], r["rank"], r["world"]) for r in results] == [(n.name, i, 2) for i, n in enumerate(cluster.nodes)]
     files = CLASSES * PER_CLASS
     for r in results:
@@ -174,7 +188,7 @@ def test_two_nodes_read_storage_once_and_scancel_leaves_nothing(cluster):
     wait_ready(cluster, folder, job, nodes=2)
     ready = sorted(line for line in output(folder).splitlines() if line.startswith("ready"))
     assert ready == [f"ready {n.name} {CLASSES}" for n in cluster.nodes]  # the class folders, through each mount
-    check_halves(cluster, sorted(json_lines(output(folder)), key=lambda r: r["rank"]))
+    check_halves(cluster, rank_results(folder))
     stats = []
     for n in cluster.nodes:
         assert cluster.job_mounts(n.name) == [mountpoint]  # each node's own mount, on its own /tmp
