@@ -10,12 +10,16 @@ import errno
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 from benchlib import oldfuse, sample
 from benchlib.cli import REPO
+from conftest import DEADLINE, wait_for
+
+from shardfs.service.mount import process_alive
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/dev/fuse"),
                                 reason="mount(2) of /dev/fuse needs root (CAP_SYS_ADMIN) and /dev/fuse")
@@ -36,10 +40,12 @@ def _runtime_mounts(mnt: str) -> int:
 
 
 def _command(form: str, src: str, fd: int, log: str) -> list[str]:
-    """The three ways a runtime or a mount helper names the descriptor."""
+    """The ways a runtime or a mount helper names the descriptor."""
     where, log_option = f"/dev/fd/{fd}", f"log_file={log}"
     return {
         "mount": [sys.executable, "-m", "shardfs", "mount", src, where, "--foreground", "-o", log_option],
+        # a runtime that lets the program detach (Apptainer waits only for the mount to answer)
+        "detached": [sys.executable, "-m", "shardfs", "mount", src, where, "-o", log_option],
         "helper": [sys.executable, "-m", "shardfs", src, where, "-f", "-o", log_option],
         "mount.shardfs": [sys.executable, "-c", "import sys; from shardfs.cli import mount_helper; "
                           "sys.exit(mount_helper())", src, where, "-f", "-o", log_option],
@@ -58,7 +64,7 @@ def _library(release: str, prefix: str) -> tuple[dict, str | None]:
 
 
 @pytest.mark.parametrize("form,release", [("mount", "system"), ("mount", "3.3.0"), ("helper", "system"),
-                                          ("mount.shardfs", "system")])
+                                          ("mount.shardfs", "system"), ("detached", "system")])
 def test_a_descriptor_mounted_by_its_caller_is_served_until_unmounted(form, release, sample_tree, tar_shards,
                                                                       tmp_path):
     mnt = str(tmp_path / "mnt")
@@ -69,11 +75,17 @@ def test_a_descriptor_mounted_by_its_caller_is_served_until_unmounted(form, rele
         daemon = subprocess.Popen(_command(form, str(tar_shards), fd, str(tmp_path / "daemon.log")), pass_fds=(fd,),
                                   stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": REPO, **env})
     os.close(fd)  # the daemon holds the only descriptor now: if it dies, the mount answers ENOTCONN
+    pid = None
     try:
         figures = json.loads(os.getxattr(mnt, "user.shardfs.stats"))  # waits for the daemon's INIT
-        assert figures["pid"] == daemon.pid and figures["mountpoint"] == f"/dev/fd/{fd}"
+        pid = figures["pid"]
+        if form == "detached":  # `shardfs mount` returns once the mount answers; its daemon serves on
+            assert daemon.wait(timeout=DEADLINE) == 0 and pid != daemon.pid
+        else:
+            assert pid == daemon.pid
+        assert figures["mountpoint"] == f"/dev/fd/{fd}"
         if library:
-            with open(f"/proc/{daemon.pid}/maps") as f:
+            with open(f"/proc/{pid}/maps") as f:
                 mapped = {path for path in (line.split()[-1] for line in f) if "/libfuse3.so" in path}
             assert mapped == {library}
         served, dirs = {}, []
@@ -89,13 +101,18 @@ def test_a_descriptor_mounted_by_its_caller_is_served_until_unmounted(form, rele
             open(os.path.join(mnt, min(served)), "r+b")
         assert refused.value.errno == errno.EROFS
         assert LIBC.umount2(mnt.encode(), 0) == 0, os.strerror(ctypes.get_errno())  # the runtime unmounts
-        assert daemon.wait(timeout=60) == 0
+        if form == "detached":
+            wait_for(lambda: not process_alive(pid), "the detached daemon to exit after the unmount")
+        else:
+            assert daemon.wait(timeout=DEADLINE) == 0
     finally:
         if os.path.ismount(mnt):
             LIBC.umount2(mnt.encode(), 2)  # MNT_DETACH
         if daemon.poll() is None:
             daemon.terminate()
             daemon.wait(timeout=30)
+        if pid not in (None, daemon.pid) and process_alive(pid):  # a detached daemon: ours, by its pid
+            os.kill(pid, signal.SIGTERM)
     with open(tmp_path / "daemon.log") as f:
         log = f.read()
     assert f"mounted at /dev/fd/{fd}" in log and f"unmounted /dev/fd/{fd}" in log
