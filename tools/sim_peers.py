@@ -9,8 +9,9 @@ sizes varying by that fraction), it prints:
 
 * ``max_owner_load_over_mean``: the largest owner's bytes over the mean (1.0 is perfect balance);
   ``hashing_alone_max_over_mean`` is the same for the first ring candidate without the bound;
-* ``moved_over_lost`` (per fraction F in ``--lose``): bytes whose owner changes when F of the
-  nodes leave, over the bytes those nodes owned (1.0: only theirs move);
+* ``moved_over_lost``: bytes whose owner changes when a fraction F of the nodes leave, over the
+  bytes those nodes owned (1.0: only theirs move), for the F given with ``--lose`` (the largest
+  of them where several are given); ``moved_over_lost_by_fraction``: each F's;
 * ``storage_per_epoch`` (per RAM budget in ``--ram``, each node's, as a multiple of the mean
   share dataset/N): shared storage reads of an epoch after the first, over the dataset, when each
   owner keeps whole owned shards while they fit and reads the rest again every epoch (the first
@@ -82,7 +83,7 @@ def simulate(nodes: int, shards: int, lose: list[float], ram: list[float], sprea
         "max_owner_load_over_mean": round(float(loads.max() / mean), 3),
         "hashing_alone_max_over_mean": round(float(loads_of(alone, sizes, nodes).max() / mean), 3),
         "nodes_owning_nothing": int((loads == 0).sum()),
-        "moved_over_lost": {},
+        "moved_over_lost_by_fraction": {},
         "storage_per_epoch": {str(r): round(storage_per_epoch(owners, sizes, nodes, r * mean), 4) for r in ram},
         "storage_per_epoch_hashing_alone": {str(r): round(storage_per_epoch(alone, sizes, nodes, r * mean), 4)
                                             for r in ram},
@@ -93,7 +94,8 @@ def simulate(nodes: int, shards: int, lose: list[float], ram: list[float], sprea
         after = np.array(owner.Placement(digests, sizes, peers, down=gone, ring=placed.ring).owner, dtype=np.int64)
         lost = np.isin(owners, [placed.ring.peers.index(p) for p in gone])
         moved = owners != after
-        result["moved_over_lost"][str(fraction)] = round(float(sizes[moved].sum() / sizes[lost].sum()), 3)
+        result["moved_over_lost_by_fraction"][str(fraction)] = round(float(sizes[moved].sum() / sizes[lost].sum()), 3)
+    result["moved_over_lost"] = max(result["moved_over_lost_by_fraction"].values(), default=None)
     result["seconds"] = round(time.monotonic() - began, 2)
     return result
 
@@ -105,7 +107,7 @@ def table(rows: list[dict], ram: list[float]) -> str:
     for r in rows:
         lines.append(f"| {r['nodes']:,} | {r['shards']:,} | {r['max_owner_load_over_mean']:.2f} | "
                      f"{r['hashing_alone_max_over_mean']:.2f} | {r['nodes_owning_nothing']:,} | "
-                     f"{r['moved_over_lost']['0.01']:.2f} | {r['moved_over_lost']['0.1']:.2f} | "
+                     f"{r['moved_over_lost_by_fraction']['0.01']:.2f} | {r['moved_over_lost_by_fraction']['0.1']:.2f} | "
                      + " | ".join(f"{r['storage_per_epoch'][str(x)]:.3f} (alone {r['storage_per_epoch_hashing_alone'][str(x)]:.3f})"
                                   for x in ram) + " |")
     return "\n".join(lines)
