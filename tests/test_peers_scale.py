@@ -171,10 +171,13 @@ def test_sixteen_nodes_read_their_parts_storage_once_two_killed_mid_epoch(mount,
         readers[n.path].join()
     assert [w for w in wrong if not any(w.startswith(k.path) for k in killed)] == []
     # One survivor reads every file (the killed nodes' shards among them): from the owners left,
-    # and from storage where the shards fell to it; it has found the killed nodes down.
+    # and from storage where the shards fell to it.
     first = survivors[0]
     assert check_all(first.path, digests, drop=True) == []
-    assert {k.address for k in killed} <= set(first.stats()["peers"]["down"])
+    # Each killed node is found down by the survivors that asked it since (which ones did depends on
+    # what each held in its RAM cache).
+    for k in killed:
+        assert [n.path for n in survivors if k.address in n.stats()["peers"]["down"]], f"no survivor found {k.address} down"
     assert first.stats()["read_errors"] == 0
 
 
