@@ -406,6 +406,7 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
     with shardfs.mounted(shards, tmp_path / "a", peers=peers, peer_self=peers[0]) as a, \
             shardfs.mounted(shards, tmp_path / "b", peers=peers, peer_self=peers[1]) as b:
         assert check_all(a, digests) == []
+        old = sorted(shards.glob("*.tar"))
         digests.update(write_shards(shards, seed=8, shards=6, members=4, largest=200_000, first=2))
         for root in (a, b):
             os.kill(json.loads(os.getxattr(root, "user.shardfs.stats"))["pid"], signal.SIGHUP)
@@ -414,7 +415,11 @@ def test_shards_added_by_a_rescan_are_served_by_their_owners(tmp_path, key_file)
                      "the mount has not 8 shards")
         assert check_all(a, digests) == [] and check_all(b, digests) == []
         figures = [json.loads(os.getxattr(root, "user.shardfs.stats"))["peers"] for root in (a, b)]
-        assert sum(f["storage_bytes_read"] for f in figures) == tar_bytes(shards)
+        # Owners are placed by load over all the shards: an added shard may move an old one to the
+        # other node, which then reads it from storage once more (at most).
+        before, after = owners(old, peers), owners(sorted(shards.glob("*.tar")), peers)
+        moved = sum(p.stat().st_size for p in old if after[p] != before[p])
+        assert tar_bytes(shards) <= sum(f["storage_bytes_read"] for f in figures) <= tar_bytes(shards) + moved
         assert all(f["bytes_from_peers"] > 0 for f in figures)
 
 
