@@ -219,3 +219,23 @@ def test_a_folder_without_shards_at_its_top_is_searched_only_so_far(tmp_path, mo
     monkeypatch.setattr(sources, "SEARCH_ENTRIES", 20)
     with pytest.raises(UsageError, match="more than 20 entries below it were searched in vain"):
         sources.find_shards([str(loose)])
+
+
+@needs_fuse
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_mount_refused_for_want_of_cap_sys_admin_says_so_without_a_traceback(tar_shards, tmp_path):
+    """As root in a container started without SYS_ADMIN: the kernel refuses the mount."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    from benchlib.cli import REPO
+
+    done = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin", sys.executable, "-m",
+                           "shardfs", "mount", str(tar_shards), str(mnt), "--log-file", str(tmp_path / "log")],
+                          capture_output=True, text=True, timeout=DEADLINE, env={**os.environ, "PYTHONPATH": REPO})
+    try:
+        assert done.returncode == 2, done
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "lacks CAP_SYS_ADMIN" in done.stderr and "--cap-add SYS_ADMIN" in done.stderr, done.stderr
+        assert not os.path.ismount(mnt)
+    finally:
+        force_unmount(str(mnt))

@@ -35,6 +35,7 @@ from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
 from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
+from shardfs.errors import UsageError
 
 log = logging.getLogger("shardfs")
 
@@ -45,6 +46,7 @@ MAX_THREADS = 32
 # Shards streamed in at once: local storage wants a few large sequential readers; object
 # stores and HTTP servers give more throughput to more parallel ranged GETs.
 LOCAL_LOADERS, REMOTE_LOADERS = 2, 8
+CAP_SYS_ADMIN = 21  # its bit in /proc/self/status's CapEff
 
 
 def _raise_fd_limit() -> None:
@@ -229,7 +231,10 @@ class Daemon:
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
-        self.server = Server(self.fs, self.slots, self.mountpoint, options)
+        try:
+            self.server = Server(self.fs, self.slots, self.mountpoint, options)
+        except OSError as exc:  # libfuse or fusermount3 said why just above
+            raise UsageError(f"{exc}{_why_mounts_are_refused()}") from None
         _return_freed_memory()
         self._listen_for_sighup()
 
@@ -394,6 +399,22 @@ class Daemon:
             log.info("rescan: %s (%d shards added, %d broken)", _describe(new), len(added),
                      sum(1 for s in new.shards if s.broken))
             self.notifier.send(ready="1", status=f"serving {_describe(new)}")
+
+
+def _why_mounts_are_refused() -> str:
+    """What a refused mount most often means as root: a container started without CAP_SYS_ADMIN."""
+    if os.geteuid() != 0:
+        return ""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return ""
+    if caps & (1 << CAP_SYS_ADMIN):
+        return ""
+    return ("; this process lacks CAP_SYS_ADMIN, which a FUSE mount needs: in a container, start it with "
+            "--cap-add SYS_ADMIN --device /dev/fuse (or --privileged), or mount outside it and bind the "
+            "mountpoint in (see the containers page of the documentation)")
 
 
 def serve(cfg: MountConfig, ready_fd: int | None = None, on_detach=None) -> int:
