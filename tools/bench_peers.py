@@ -329,6 +329,8 @@ def one_round(ctx, r: int) -> dict:
     if ctx.args.index_run:
         out["index"] = index_run(ctx)
     for name, capacity, peers in SETUPS:
+        if name not in ctx.args.setups:
+            continue
         print(f"  {name}: capacity ({capacity}), {'with' if peers else 'without'} peers", flush=True)
         out[name] = one_setup(ctx, name, capacity, peers, r)
     for capacity in ctx.args.kill_in:
@@ -345,13 +347,17 @@ def one_round(ctx, r: int) -> dict:
 def report(ctx, rounds: list[dict]) -> None:
     a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
     x = lambda b: b / total  # noqa: E731
-    names = [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+    names = [name for name in [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+             if all(name in r for r in rounds)]  # (--setups: some left out)
 
     def per_epoch(name: str, fn, fmt: str) -> str:
         return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
 
+    def fps(name: str, e: int) -> list[float]:
+        return [r[name]["epochs"][e]["fps"] for r in rounds] if name in names else []
+
     def ratios(e: int, capacity: str) -> list[float]:
-        return [r[f"{capacity}-peers"]["epochs"][e]["fps"] / r[f"{capacity}-alone"]["epochs"][e]["fps"] for r in rounds]
+        return [p / q for p, q in zip(fps(f"{capacity}-peers", e), fps(f"{capacity}-alone", e))]
 
     print()
     print(f"files/s per epoch, all {n} nodes together (median [min-max] of {len(rounds)} rounds); "
@@ -361,9 +367,9 @@ def report(ctx, rounds: list[dict]) -> None:
     for e in range(a.epochs):
         cells = []
         for capacity in ("a", "b"):
-            cells += [cell([r[f"{capacity}-{k}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for k in ("peers", "alone")]
+            cells += [cell(fps(f"{capacity}-{k}", e), "{:.0f}") for k in ("peers", "alone")]
             cells.append(cell(ratios(e, capacity), "{:.2f}"))
-        cells += [cell([r[f"kill-{c}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for c in a.kill_in]
+        cells += [cell(fps(f"kill-{c}", e), "{:.0f}") for c in a.kill_in]
         print(f"{e + 1:<8}" + "".join(f"{c:>20}" for c in cells))
     print()
     print("per setup, epoch 1 / 2 / 3 (medians [min-max])")
@@ -400,7 +406,7 @@ def report(ctx, rounds: list[dict]) -> None:
     print("-" * 104)
     for capacity in ("a", "b"):
         judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
-              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds], "<=", 1.1)
+              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds if f"{capacity}-peers" in r], "<=", 1.1)
     for e in range(1, a.epochs):
         judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
     if a.index_run:
@@ -412,6 +418,8 @@ def report(ctx, rounds: list[dict]) -> None:
               [r["index"]["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
     for c in a.kill_in:
         name = f"kill-{c}"
+        if name not in names:
+            continue
         judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
               [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
         judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
@@ -419,8 +427,8 @@ def report(ctx, rounds: list[dict]) -> None:
         first = next((r[name]["first_error"] for r in rounds if r[name]["first_error"]), None)
         if first:
             print(f"kill in ({c}), first problem: {first}")
-    print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds], '{:.2f}')}x, "
-          f"(b) {cell([x(r['b-alone']['storage']) for r in rounds], '{:.2f}')}x the dataset)")
+    print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds if 'a-alone' in r], '{:.2f}')}x, "
+          f"(b) {cell([x(r['b-alone']['storage']) for r in rounds if 'b-alone' in r], '{:.2f}')}x the dataset)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +478,10 @@ def main() -> int:
     parser.add_argument("--kill-in", type=lambda v: [c for c in v.split(",") if c], default=["b"],
                         help="capacities of the runs with a peer killed, e.g. a,b (default b: in (a) every node "
                         "holds the whole dataset after epoch 1, so a lost peer costs nothing; empty: none)")
+    parser.add_argument("--setups", type=lambda v: [c for c in v.split(",") if c],
+                        default=[name for name, _cap, _peers in SETUPS],
+                        help="which of " + ",".join(name for name, _cap, _peers in SETUPS) + " to run (default all; "
+                        "the targets need their pairs)")
     parser.add_argument("--drop-every", type=float, default=0.2,
                         help="seconds between FADV_DONTNEED of the shard files during epochs")
     parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")

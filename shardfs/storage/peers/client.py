@@ -61,7 +61,8 @@ class PeerClient:
         self._aiohttp = aiohttp
         self.key = key
         self.health = {peer: Health() for peer in peers if peer != me}
-        self.counts = dict(bytes_from_peers=0, requests=0, failures=0, waits_for_owner=0)
+        self.counts = dict(bytes_from_peers=0, bytes_from_previous_owners=0, requests=0, failures=0,
+                           waits_for_owner=0)
         self.rate = 0.0  # bytes/s of large replies, a running average over all peers
         self.generation = 0  # counts peers going down and coming back (the owners change then)
         self._down: frozenset[str] = frozenset()  # the peers down now (made anew at each change)
@@ -137,13 +138,17 @@ class PeerClient:
 
     # ---- fetching -------------------------------------------------------------------
 
-    def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float) -> bytes:
-        """The checked bytes within ``budget`` seconds, or PeerFailure (the peer's health updated)."""
+    def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float, held: bool = False) -> bytes:
+        """The checked bytes within ``budget`` seconds, or PeerFailure (the peer's health updated).
+        ``held``: only if the peer holds them in RAM now (it reads nothing for us; else 404)."""
         with self._lock:
             self.counts["requests"] += 1
             slowest = max(MIN_RATE, SLOW_SHARE * self.rate)
-        data = self._checked(peer, f"/shard/{digest}", f"bytes={offset}-{offset + length - 1}", digest, length,
-                             budget, FIRST_BYTE_S + length / slowest)
+        data = self._checked(peer, f"/{'held' if held else 'shard'}/{digest}", f"bytes={offset}-{offset + length - 1}",
+                             digest, length, budget, FIRST_BYTE_S + length / slowest)
+        if held:
+            with self._lock:
+                self.counts["bytes_from_previous_owners"] += len(data)
         return data
 
     def fetch_index(self, peer: str, digest: str, budget: float) -> bytes:

@@ -28,6 +28,7 @@ class PeerNet:
         self._placed: tuple[list[str], list[int]] = ([], [])  # the shards placed: digests, sizes
         self._placements: dict[bool, owner.Placement] = {}  # all up (False) / without those down now (True)
         self._generation = -1
+        self._previous: owner.Placement | None = None  # the one in force before the last change of peers
         self.server = PeerServer(me, key, self._shards.get)
         self.server.start()
         self.client = PeerClient(self.peers, me, key)
@@ -44,6 +45,8 @@ class PeerNet:
         """Place these shards among the peers (before the view exists: their indexes' owners)."""
         with self._lock:
             self._placed = (list(digests), list(sizes))
+            # (a rescan: an old shard the new set moved is still in its former owner's RAM)
+            self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
             self._placements.clear()
             self._generation = -1
 
@@ -61,6 +64,7 @@ class PeerNet:
         generation, down = self.client.down()
         with self._lock:
             if generation != self._generation:
+                self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
                 self._placements.clear()
                 self._generation = generation
             key = with_down and bool(down)
@@ -69,6 +73,20 @@ class PeerNet:
                 found = self._placements[key] = owner.Placement(*self._placed, self.peers,
                                                                down=down if key else frozenset(), ring=self.ring)
             return found
+
+    def holders(self, digest: str) -> list[str]:
+        """Other peers that owned the shard before the owners last changed (the placement in
+        force before, and the one with every peer up): they may still hold it in their caches,
+        which beats reading it from storage again when it moved to us."""
+        everyone = self.placement(with_down=False)
+        with self._lock:
+            before = self._previous
+        out = []
+        for placed in (before, everyone):
+            peer = placed.owner_of(digest) if placed is not None else None
+            if peer not in (None, self.me) and peer not in out:
+                out.append(peer)
+        return out
 
     def shard(self, digest: str) -> PeerShard | None:
         return self._shards.get(digest)

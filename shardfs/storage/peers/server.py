@@ -7,6 +7,10 @@ it), with headers naming the shard's digest, the body's CRC-32 and the reply's H
 without a valid proof gets 403 and no data; a shard we do not have in this version (another
 dataset, a changed shard) 404; one we cannot read now 503.
 
+``GET /held/<digest>`` (same range, same proof) is answered only from bytes this node holds in
+RAM now, never read for it (else 404): a shard's new owner asks the one before it, after the
+owners changed, instead of reading the shard from storage again.
+
 ``GET /index/<digest>`` (same proof, no range) gets 200 and the shard's index file, from
 ``index_file(digest)`` (given by the service: it loads the index, or builds it once while
 every request for it waits), signed the same way; 404 when there is none to give. It is
@@ -61,7 +65,7 @@ class PeerServer:
         self.index_file = None  # set by serve_indexes(): until then index requests get 503
         self.fault = os.environ.get(FAULT_ENV)
         self.counts = dict(requests_served=0, bytes_to_peers=0, requests_refused=0, requests_failed=0,
-                           indexes_to_peers=0)
+                           indexes_to_peers=0, held_missed=0)
         self._lock = threading.Lock()
         # Daemon threads: a request still reading storage at unmount is abandoned, never waited for.
         self._pool = DaemonPool(THREADS, "shardfs-peer-serve", initializer=_mark_serving)
@@ -89,6 +93,7 @@ class PeerServer:
         loop = self._loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_get("/shard/{digest}", self._shard)
+        app.router.add_get("/held/{digest}", self._held)
         app.router.add_get("/index/{digest}", self._index)
         app.router.add_get("/alive", self._alive)  # no data, no key: a sign of life while a read takes long
         self._runner = web.AppRunner(app, access_log=None)
@@ -165,7 +170,10 @@ class PeerServer:
             "X-Shardfs-Shard": digest, "X-Shardfs-Crc32": str(crc),
             "X-Shardfs-Proof": auth.sign_reply(self.key, request.headers[auth.HEADER], crc, len(data))})
 
-    async def _shard(self, request):
+    async def _held(self, request):
+        return await self._shard(request, held=True)
+
+    async def _shard(self, request, held: bool = False):
         from aiohttp import web
 
         byte_range = request.headers.get("Range", "")
@@ -189,6 +197,9 @@ class PeerServer:
             data = self.loaded(shard, offset, end - offset)
             if data is not None:
                 crc = zlib.crc32(data)
+            elif held:
+                self._count("held_missed")
+                return web.Response(status=404, text="not held here now")
             else:
                 data, crc = await asyncio.get_running_loop().run_in_executor(self._pool, self._read, shard, offset,
                                                                              end - offset)
