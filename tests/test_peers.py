@@ -512,7 +512,7 @@ def test_a_shard_moved_between_survivors_comes_from_its_former_owner(nodes, data
     lost = {name: want for name, want in digests.items() if before[shards / member_shard(name)] == d.address}
     for m in survivors:  # a read of D's shards finds D down
         assert check_all(m.path, lost, drop=True) == []
-        wait_for(lambda: d.address in m.stats()["peers"]["down"], f"{m.address} has not found D down")
+        wait_for(lambda m=m: d.address in m.stats()["peers"]["down"], f"{m.address} has not found D down")
     for m in survivors:
         assert check_all(m.path, digests, drop=True) == []
     # D's shards from storage once; the moved ones from their former owners' RAM.

@@ -37,7 +37,7 @@ class Closed(ConnectionError):
 
 
 class Reply:
-    __slots__ = ("status", "headers", "body", "began")
+    __slots__ = ("began", "body", "headers", "status")
 
     def __init__(self, status: int, headers: dict, body: bytearray, began: float):
         self.status, self.headers, self.body, self.began = status, headers, body, began
