@@ -41,11 +41,12 @@ CONNECTIONS, PER_PEER, IDLE_S = 64, 8, 30.0
 
 
 class PeerFailure(ShardfsError):
-    """A peer gave no usable reply; ``down``: mark it down (else it just lacks the shard)."""
+    """A peer gave no usable reply; ``down``: mark it down (else it just lacks the shard, or
+    ``busy``: all our connections to it were in use, which says nothing of the shard)."""
 
-    def __init__(self, message: str, down: bool = True):
+    def __init__(self, message: str, down: bool = True, busy: bool = False):
         super().__init__(message)
-        self.down = down
+        self.down, self.busy = down and not busy, busy
 
 
 class Health:
@@ -191,6 +192,8 @@ class PeerClient:
             if gone:
                 raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s") from None
             raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False) from None
+        except conns.Busy:
+            raise PeerFailure(f"every connection to it busy for {budget:.1f} s", busy=True) from None
         except TimeoutError:
             raise PeerFailure(f"no connection within {FIRST_BYTE_S:.0f} s") from None
         if reply.status != (206 if byte_range else 200):

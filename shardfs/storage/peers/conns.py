@@ -32,6 +32,10 @@ class Timeout(Exception):
         self.head = head
 
 
+class Busy(Exception):
+    """Every connection to the peer we may open was in use until the time given."""
+
+
 class Closed(ConnectionError):
     """The connection ended before a byte of the reply (a kept connection the peer closed)."""
 
@@ -57,7 +61,7 @@ class Pool:
 
     def _take(self, peer: str, ends: float) -> socket.socket | None:
         """An idle connection, or None: a slot reserved for a new one; waits for a free one
-        until ``ends`` (then TimeoutError)."""
+        until ``ends`` (then Busy)."""
         with self._cond:
             while True:
                 idle = self._idle.get(peer)
@@ -72,7 +76,7 @@ class Pool:
                         return None
                 left = ends - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"no free connection to {peer}")
+                    raise Busy(f"no free connection to {peer}")
                 self._cond.wait(min(left, 1.0))
 
     def _close_one_idle(self) -> None:
@@ -130,7 +134,7 @@ class Pool:
             waiting=None) -> Reply:
         """GET ``target`` from ``peer``: the reply, its body whole. The head may take until
         ``ends``; every ``head_s`` without it, ``waiting()`` is asked whether to go on (False:
-        Timeout). The body gets ``body_s`` from the head's arrival. OSError, Timeout, or
+        Timeout). The body gets ``body_s`` from the head's arrival. OSError, Timeout, Busy, or
         ValueError (a reply no peer server sends)."""
         request = (f"GET {target} HTTP/1.1\r\nHost: {peer}\r\n"
                    + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
@@ -141,6 +145,7 @@ class Pool:
                 if sock is None:
                     sock = socket.create_connection(split(peer), timeout=self.connect_s)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(self.connect_s)  # (a kept one has the last exchange's timeout)
                 sock.sendall(request)
                 reply, keep = self._reply(sock, head_s, ends, body_s, waiting)
             except Closed:

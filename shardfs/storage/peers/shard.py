@@ -101,7 +101,7 @@ class PeerShard(Shard):
         try:
             data = self.net.client.fetch(peer, self.digest, offset, length, ends - time.monotonic(), held)
         except PeerFailure as exc:
-            if not exc.down:
+            if not exc.down and not exc.busy:
                 lacking[peer] = time.monotonic() + LACKS_S
             return None  # (down: the owners are placed again without it)
         origin.add_from_peers(len(data))
