@@ -213,13 +213,15 @@ def node_options(ctx, capacity: str, i: int, peers: bool) -> list[str]:
 
 
 def daemon_figures(mounts: dict) -> dict:
-    """Per live daemon: (storage bytes as it counts them, bytes it fetched from peers)."""
+    """Per live daemon: (storage bytes as it counts them, bytes it fetched from peers, of those
+    from a shard's former owner, requests to peers that failed, direct reads: members read alone)."""
     out = {}
     for i, m in mounts.items():
         st = m.stats() or {}
-        peers = st.get("peers") or {}
-        out[i] = (peers.get("storage_bytes_read", (st.get("cache") or {}).get("storage_bytes_read", 0)),
-                  peers.get("bytes_from_peers", 0))
+        peers, cache = st.get("peers") or {}, st.get("cache") or {}
+        out[i] = (peers.get("storage_bytes_read", cache.get("storage_bytes_read", 0)),
+                  peers.get("bytes_from_peers", 0), peers.get("bytes_from_previous_owners", 0),
+                  peers.get("failures", 0), cache.get("direct_reads", 0))
     return out
 
 
@@ -251,10 +253,13 @@ def one_setup(ctx, name: str, capacity: str, peers: bool, r: int, kill: int | No
             after = daemon_figures(mounts)
             ep["storage"] = ctx.cap.read_bytes() - before
             ep["daemon_storage"], ep["from_peers"] = grown(figs, after, 0), grown(figs, after, 1)
+            ep["from_former_owners"], ep["peer_failures"], ep["direct_reads"] = (grown(figs, after, k) for k in (2, 3, 4))
             out["epochs"].append(ep)
             print(f"    epoch {e + 1}: {ep['fps']:.0f} files/s (" + " ".join(
                 f"n{i} {v['fps']:.0f}" for i, v in ep["nodes"].items()) + f"), storage {ep['storage'] / 1e6:.0f} MB, "
-                f"peers {ep['from_peers'] / 1e6:.0f} MB" + (f"; node {kill} killed after {ep['killed_at']} files"
+                f"peers {ep['from_peers'] / 1e6:.0f} MB (former owners {ep['from_former_owners'] / 1e6:.0f} MB, "
+                f"{ep['peer_failures']} failed requests), {ep['direct_reads']} direct reads"
+                + (f"; node {kill} killed after {ep['killed_at']} files"
                                                            if ep.get("killed_at") is not None else ""), flush=True)
     out["storage"] = ctx.cap.read_bytes() - start
     out["wrong"] = sum(v["wrong"] for ep in out["epochs"] for i, v in ep["nodes"].items())
