@@ -506,7 +506,8 @@ def test_a_shard_moved_between_survivors_comes_from_its_former_owner(nodes, data
     for m in mounts:
         mine = {name: want for name, want in digests.items() if before[shards / member_shard(name)] == m.address}
         assert check_all(m.path, mine) == []
-    assert storage_read(mounts) == tar_bytes(shards)
+    # (the owners' loaders fill the rest of each shard after the reads: every shard whole in RAM)
+    wait_for(lambda: storage_read(mounts) == tar_bytes(shards), "the owners have not loaded their shards whole")
     stored = storage_read(survivors)
     os.kill(d.pid, signal.SIGKILL)
     lost = {name: want for name, want in digests.items() if before[shards / member_shard(name)] == d.address}
