@@ -9,6 +9,7 @@ import pytest
 from test_peers import free_port
 
 from shardfs.storage.peers import auth
+from shardfs.storage.peers import server as peer_server
 from shardfs.storage.peers.server import HEAD_LIMIT, PeerServer
 
 KEY = b"k" * 64
@@ -70,3 +71,12 @@ def test_a_kept_connection_serves_requests_in_turn_and_a_signed_range(server):
     head, body = replies[1].split(b"\r\n\r\n", 1)
     assert b"\r\nContent-Range: bytes 10-19/65536\r\n" in head and body == bytes(10)
     assert srv.counts["requests_served"] == 1 and srv.counts["requests_refused"] == 1
+
+
+def test_a_connection_silent_too_long_is_closed(server, monkeypatch):
+    srv, _shard = server
+    monkeypatch.setattr(peer_server, "KEEP_S", 0.5)
+    host, port = srv.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /alive HTTP/1.1\r\n")  # half a head, then nothing
+        assert sock.recv(100) == b""  # closed by the server, no reply

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 THREADS = 8  # requests read at once (each waits on the caches or storage)
 HEAD_LIMIT = 16 << 10  # a request head longer than this is no peer's: the connection is closed
+KEEP_S = 75.0  # a connection that sends no request for this long is closed (clients close theirs after 30 s)
 # Tests only: every reply damaged this way ("corrupt", "truncate", "foreign"), to show no node serves it.
 FAULT_ENV = "SHARDFS_TEST_PEER_FAULT"
 
@@ -116,12 +117,16 @@ class PeerServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One peer's connection: its requests in turn (keep-alive), until it closes or we stop."""
         self._writers.add(writer)
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                idle = loop.call_later(KEEP_S, writer.close)  # silent this long (or a head this slow): closed
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
+                finally:
+                    idle.cancel()
                 request = _Request.parse(head, writer)
                 if request is None:
                     status, headers, body = 400, {}, b"a malformed request"
