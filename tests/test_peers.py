@@ -521,3 +521,5 @@ def test_a_shard_moved_between_survivors_comes_from_its_former_owner(nodes, data
     assert sum(m.stats()["peers"]["bytes_from_previous_owners"] for m in survivors) == \
         sum(p.stat().st_size for p in moved)
     assert all(m.stats()["read_errors"] == 0 for m in survivors)
+    # (the new owners load the moved shards as soon as they find D down, before their former owners evict them)
+    assert any("moved to this node from peers that are up" in m.log() for m in survivors)
