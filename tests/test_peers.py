@@ -478,3 +478,48 @@ def test_an_owner_unmounted_while_serving_a_read_of_hung_storage_exits_at_once(n
         assert done.returncode == 0, done.stderr
         assert not process_alive(b.pid)  # (a zombie until its parent, init, reaps it)
         assert "unmounted" in b.log()
+
+
+def member_shard(name: str) -> str:
+    """The shard file write_shards put a member in (``c1/f3_4.bin``: part-03.tar)."""
+    return f"part-{int(name.split('/f')[1].split('_')[0]):02d}.tar"
+
+
+def test_a_shard_moved_between_survivors_comes_from_its_former_owner(nodes, dataset):
+    """Node D is killed. With D down the bounded loads move some shard M from survivor S1 to
+    survivor S2 (addresses chosen so they do): S2 gets M's bytes from S1, who holds them in RAM,
+    not from storage. Storage then reads D's shards alone, once; every file right through each
+    survivor."""
+    shards, digests = dataset
+    files = sorted(shards.glob("*.tar"))
+    for _ in range(200):  # the ports are random: until losing the last node moves a shard between the others
+        peers = addresses(4)
+        before, after = owners(files, peers), owners(files, peers, down=[peers[3]])
+        moved = [p for p in files if before[p] != peers[3] and after[p] != before[p]]
+        if moved:
+            break
+    else:
+        raise AssertionError("no 4 addresses found by which losing one moves a shard between the others")
+    mounts = nodes([shards] * 4, peers=peers)
+    survivors, d = mounts[:3], mounts[3]
+    # Each node reads only what it owns: every shard in its owner's RAM, nowhere else.
+    for m in mounts:
+        mine = {name: want for name, want in digests.items() if before[shards / member_shard(name)] == m.address}
+        assert check_all(m.path, mine) == []
+    # (the owners' loaders fill the rest of each shard after the reads: every shard whole in RAM)
+    wait_for(lambda: storage_read(mounts) == tar_bytes(shards), "the owners have not loaded their shards whole")
+    stored = storage_read(survivors)
+    os.kill(d.pid, signal.SIGKILL)
+    lost = {name: want for name, want in digests.items() if before[shards / member_shard(name)] == d.address}
+    for m in survivors:  # a read of D's shards finds D down
+        assert check_all(m.path, lost, drop=True) == []
+        wait_for(lambda m=m: d.address in m.stats()["peers"]["down"], f"{m.address} has not found D down")
+    for m in survivors:
+        assert check_all(m.path, digests, drop=True) == []
+    # D's shards from storage once; the moved ones from their former owners' RAM.
+    assert storage_read(survivors) - stored == sum(p.stat().st_size for p in files if before[p] == d.address)
+    assert sum(m.stats()["peers"]["bytes_from_previous_owners"] for m in survivors) == \
+        sum(p.stat().st_size for p in moved)
+    assert all(m.stats()["read_errors"] == 0 for m in survivors)
+    # (the new owners load the moved shards as soon as they find D down, before their former owners evict them)
+    assert any("moved to this node from peers that are up" in m.log() for m in survivors)

@@ -1,5 +1,6 @@
 """The peer client's connections stay bounded: a burst of requests to one peer shares at most
-PER_PEER connections (a real PeerServer on loopback, whose reads wait until released)."""
+PER_PEER connections (a real PeerServer on loopback, whose reads wait until released); idle ones
+are closed, and a kept connection the peer closed is replaced without a failure."""
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -53,5 +54,35 @@ def test_a_burst_of_requests_to_one_peer_uses_at_most_per_peer_connections():
             assert all(r.result(timeout=60) == bytes(1024) for r in replies)
     finally:
         release.set()
+        client.close()
+        server.stop()
+
+
+def serving(address: str, shard) -> PeerServer:
+    server = PeerServer(address, KEY, {shard.digest: shard}.get)
+    server.start()
+    server.ready(lambda _shard, offset, length: bytes(length), lambda *_: None)
+    return server
+
+
+def test_idle_connections_are_closed_and_a_restarted_peer_is_asked_on_a_new_one(monkeypatch):
+    """A kept connection the peer closed (its daemon restarted) costs no failure: the request goes
+    out again on a new connection. Connections idle for IDLE_S are closed."""
+    monkeypatch.setattr(peer_client, "IDLE_S", 1.0)
+    me, other = f"127.0.0.2:{free_port('127.0.0.2')}", f"127.0.0.3:{free_port('127.0.0.3')}"
+    port = int(other.rsplit(":", 1)[1])
+    shard = SimpleNamespace(size=1 << 20, digest="cd" * 16)
+    server = serving(other, shard)
+    client = PeerClient([me, other], me, KEY)
+    try:
+        assert client.fetch(other, shard.digest, 0, 4096, 10.0) == bytes(4096)
+        assert client._pool.connections() == 1
+        server.stop()
+        server = serving(other, shard)  # the same address: the kept connection is dead now
+        assert client.fetch(other, shard.digest, 4096, 4096, 10.0) == bytes(4096)
+        assert client.figures()["failures"] == 0 and client.figures()["down"] == []
+        wait_for(lambda: client._pool.connections() == 0 and established_to(port) == 0,
+                 "the idle connection is still open")
+    finally:
         client.close()
         server.stop()

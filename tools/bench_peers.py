@@ -22,9 +22,13 @@ peers (--kill-in) in which one node's daemon is killed with SIGKILL a quarter in
 reads no more; the other nodes must read every file right).
 
 Each round begins with the index run (unless --no-index-run): the shards' indexes removed, one
-node alone mounts them (it builds every index), then the N nodes mount them at the same moment
-with peers (each shard's owner builds its index, the others receive it): the indexes built over
-all nodes, and when the last node is ready, against the node alone.
+node alone mounts them (it builds every index; then once more with its indexes made: what a
+daemon's start and mount cost alone), then the N nodes mount them at the same moment with peers
+(each shard's owner builds its index, the others receive it): the indexes built over all nodes,
+and when the last node is ready, against the node alone. Here the N "nodes" share one capped
+device, so their index phase cannot beat one read of the dataset through that cap; with
+--cap-per-node the N nodes mount once more, each daemon in a cgroup of its own at the same
+limits (each node its own link to the storage, as on a cluster). Both figures are reported.
 
 --shards N makes the dataset in N shards (--shard-size from --dataset-size); with few shards
 per node, --ram-share 0.4 gives each node room for what it owns (its share, 1/N) and one more.
@@ -209,13 +213,15 @@ def node_options(ctx, capacity: str, i: int, peers: bool) -> list[str]:
 
 
 def daemon_figures(mounts: dict) -> dict:
-    """Per live daemon: (storage bytes as it counts them, bytes it fetched from peers)."""
+    """Per live daemon: (storage bytes as it counts them, bytes it fetched from peers, of those
+    from a shard's former owner, requests to peers that failed, direct reads: members read alone)."""
     out = {}
     for i, m in mounts.items():
         st = m.stats() or {}
-        peers = st.get("peers") or {}
-        out[i] = (peers.get("storage_bytes_read", (st.get("cache") or {}).get("storage_bytes_read", 0)),
-                  peers.get("bytes_from_peers", 0))
+        peers, cache = st.get("peers") or {}, st.get("cache") or {}
+        out[i] = (peers.get("storage_bytes_read", cache.get("storage_bytes_read", 0)),
+                  peers.get("bytes_from_peers", 0), peers.get("bytes_from_previous_owners", 0),
+                  peers.get("failures", 0), cache.get("direct_reads", 0))
     return out
 
 
@@ -247,10 +253,13 @@ def one_setup(ctx, name: str, capacity: str, peers: bool, r: int, kill: int | No
             after = daemon_figures(mounts)
             ep["storage"] = ctx.cap.read_bytes() - before
             ep["daemon_storage"], ep["from_peers"] = grown(figs, after, 0), grown(figs, after, 1)
+            ep["from_former_owners"], ep["peer_failures"], ep["direct_reads"] = (grown(figs, after, k) for k in (2, 3, 4))
             out["epochs"].append(ep)
             print(f"    epoch {e + 1}: {ep['fps']:.0f} files/s (" + " ".join(
                 f"n{i} {v['fps']:.0f}" for i, v in ep["nodes"].items()) + f"), storage {ep['storage'] / 1e6:.0f} MB, "
-                f"peers {ep['from_peers'] / 1e6:.0f} MB" + (f"; node {kill} killed after {ep['killed_at']} files"
+                f"peers {ep['from_peers'] / 1e6:.0f} MB (former owners {ep['from_former_owners'] / 1e6:.0f} MB, "
+                f"{ep['peer_failures']} failed requests), {ep['direct_reads']} direct reads"
+                + (f"; node {kill} killed after {ep['killed_at']} files"
                                                            if ep.get("killed_at") is not None else ""), flush=True)
     out["storage"] = ctx.cap.read_bytes() - start
     out["wrong"] = sum(v["wrong"] for ep in out["epochs"] for i, v in ep["nodes"].items())
@@ -274,17 +283,59 @@ def remove_indexes(ctx) -> None:
         shutil.rmtree(os.path.join(ctx.work, f"idx-{i}"), ignore_errors=True)
 
 
-def mount_timed(ctx, name: str, i: int, options: list[str], t0: float, out: dict) -> None:
-    """Mount node i; out[i] = (seconds from t0 until it is ready, the mount)."""
+def mount_timed(ctx, name: str, i: int, options: list[str], t0: float, out: dict, cap: ReadCap | None = None) -> None:
+    """Mount node i (in the cgroup ``cap`` of its own, if given); out[i] = (seconds from t0 until
+    it is ready, the mount)."""
     m = ctx.mounts.shardfs([os.path.join(ctx.shared, "shards")], os.path.join(ctx.work, "mnt", f"{name}{i}"),
                            "--index-dir", os.path.join(ctx.work, f"idx-{i}"), *options,
-                           log=os.path.join(ctx.work, f"{name}-node{i}.log"))
+                           log=os.path.join(ctx.work, f"{name}-node{i}.log"), preexec_fn=cap and cap.enter)
     out[i] = (time.monotonic() - t0, m)
 
 
+def together(ctx, name: str, own_caps: bool) -> dict:
+    """All nodes mount the unindexed shards at once with peers: when each is ready, what it built
+    and received. ``own_caps``: each node's daemon in a blkio cgroup of its own at the same limits
+    (each node its own link to the storage, as on a cluster), else all in the one shared cap."""
+    a = ctx.args
+    remove_indexes(ctx)
+    drop_caches()
+    caps = {i: ReadCap(ctx.dev, a.iops, a.bps, f"bench-peers-node{i}", join=False) for i in range(a.nodes)} \
+        if own_caps else {}
+    got: dict = {}
+    try:
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=mount_timed, args=(ctx, name, i, node_options(ctx, "b", i, True), t0, got,
+                                                               caps.get(i))) for i in range(a.nodes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(got) < a.nodes:
+            raise RuntimeError(f"a node of the index run did not mount (see its {name}-node*.log)")
+        stats = {i: m.stats() or {} for i, (_s, m) in got.items()}
+        out = {"ready_s": {i: s for i, (s, _m) in got.items()},
+               "built": {i: st.get("indexes_built", 0) for i, st in stats.items()},
+               "from_peers": {i: st.get("indexes_from_peers", 0) for i, st in stats.items()},
+               "index_s": {i: st.get("index_seconds", 0.0) for i, st in stats.items()},
+               "storage": sum(cap.read_bytes() for cap in caps.values()) if caps else None}
+    finally:
+        for _s, m in got.values():
+            ctx.mounts.unmount(m)
+        for cap in caps.values():
+            cap.close()
+    out["last_ready_s"] = max(out["ready_s"].values())
+    out["last_index_s"] = max(out["index_s"].values())
+    print(f"  index run, {'each node its own cap' if own_caps else 'one cap shared by all nodes'}: {a.nodes} nodes "
+          f"at once: last ready {out['last_ready_s']:.1f} s (indexes {out['last_index_s']:.1f} s), built "
+          + "+".join(str(v) for v in out["built"].values())
+          + ", from peers " + "+".join(str(v) for v in out["from_peers"].values()), flush=True)
+    return out
+
+
 def index_run(ctx) -> dict:
-    """One node alone on unindexed shards, then all nodes at once with peers: (seconds until ready,
-    indexes built) of each. The owners write their indexes beside the shards, as before the run."""
+    """One node alone on unindexed shards (and again with its indexes: what starting a daemon and
+    mounting cost without any index work), then all nodes at once with peers: (seconds until
+    ready, indexes built) of each. The owners write their indexes beside the shards, as before the run."""
     a = ctx.args
     remove_indexes(ctx)
     drop_caches()
@@ -294,31 +345,15 @@ def index_run(ctx) -> dict:
     st = m.stats() or {}
     out = {"alone_s": seconds, "alone_built": st.get("indexes_built", 0), "alone_index_s": st.get("index_seconds", 0.0)}
     ctx.mounts.unmount(m)
-    remove_indexes(ctx)
     drop_caches()
-    together: dict = {}
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=mount_timed, args=(ctx, "index-peers", i, node_options(ctx, "b", i, True), t0,
-                                                           together)) for i in range(a.nodes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if len(together) < a.nodes:
-        raise RuntimeError("a node of the index run did not mount (see its index-peers-node*.log)")
-    stats = {i: m.stats() or {} for i, (_s, m) in together.items()}
-    out.update(ready_s={i: s for i, (s, _m) in together.items()},
-               built={i: st.get("indexes_built", 0) for i, st in stats.items()},
-               from_peers={i: st.get("indexes_from_peers", 0) for i, st in stats.items()},
-               index_s={i: st.get("index_seconds", 0.0) for i, st in stats.items()})
-    out["last_ready_s"] = max(out["ready_s"].values())
-    out["last_index_s"] = max(out["index_s"].values())
-    for _s, m in together.values():
-        ctx.mounts.unmount(m)
+    mount_timed(ctx, "index-alone", -1, ["--cache-size", "64M"], time.monotonic(), alone)
+    out["alone_indexed_s"], m = alone[-1]
+    ctx.mounts.unmount(m)
     print(f"  index run: alone ready {out['alone_s']:.1f} s (indexes {out['alone_index_s']:.1f} s, {out['alone_built']} "
-          f"built); {a.nodes} nodes at once: last ready {out['last_ready_s']:.1f} s (indexes "
-          f"{out['last_index_s']:.1f} s), built " + "+".join(str(v) for v in out["built"].values())
-          + ", from peers " + "+".join(str(v) for v in out["from_peers"].values()), flush=True)
+          f"built); with its indexes made: ready {out['alone_indexed_s']:.1f} s", flush=True)
+    out.update(together(ctx, "index-peers", False))
+    if a.cap_per_node:
+        out["own_caps"] = together(ctx, "index-own-caps", True)
     for i in range(-1, a.nodes):
         shutil.rmtree(os.path.join(ctx.work, f"idx-{i}"), ignore_errors=True)
     return out
@@ -329,6 +364,8 @@ def one_round(ctx, r: int) -> dict:
     if ctx.args.index_run:
         out["index"] = index_run(ctx)
     for name, capacity, peers in SETUPS:
+        if name not in ctx.args.setups:
+            continue
         print(f"  {name}: capacity ({capacity}), {'with' if peers else 'without'} peers", flush=True)
         out[name] = one_setup(ctx, name, capacity, peers, r)
     for capacity in ctx.args.kill_in:
@@ -345,13 +382,17 @@ def one_round(ctx, r: int) -> dict:
 def report(ctx, rounds: list[dict]) -> None:
     a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
     x = lambda b: b / total  # noqa: E731
-    names = [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+    names = [name for name in [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+             if all(name in r for r in rounds)]  # (--setups: some left out)
 
     def per_epoch(name: str, fn, fmt: str) -> str:
         return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
 
+    def fps(name: str, e: int) -> list[float]:
+        return [r[name]["epochs"][e]["fps"] for r in rounds] if name in names else []
+
     def ratios(e: int, capacity: str) -> list[float]:
-        return [r[f"{capacity}-peers"]["epochs"][e]["fps"] / r[f"{capacity}-alone"]["epochs"][e]["fps"] for r in rounds]
+        return [p / q for p, q in zip(fps(f"{capacity}-peers", e), fps(f"{capacity}-alone", e))]
 
     print()
     print(f"files/s per epoch, all {n} nodes together (median [min-max] of {len(rounds)} rounds); "
@@ -361,9 +402,9 @@ def report(ctx, rounds: list[dict]) -> None:
     for e in range(a.epochs):
         cells = []
         for capacity in ("a", "b"):
-            cells += [cell([r[f"{capacity}-{k}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for k in ("peers", "alone")]
+            cells += [cell(fps(f"{capacity}-{k}", e), "{:.0f}") for k in ("peers", "alone")]
             cells.append(cell(ratios(e, capacity), "{:.2f}"))
-        cells += [cell([r[f"kill-{c}"]["epochs"][e]["fps"] for r in rounds], "{:.0f}") for c in a.kill_in]
+        cells += [cell(fps(f"kill-{c}", e), "{:.0f}") for c in a.kill_in]
         print(f"{e + 1:<8}" + "".join(f"{c:>20}" for c in cells))
     print()
     print("per setup, epoch 1 / 2 / 3 (medians [min-max])")
@@ -388,7 +429,14 @@ def report(ctx, rounds: list[dict]) -> None:
               f"last ready {cell([r['index']['last_ready_s'] for r in rounds], '{:.1f}')} s (longest index phase "
               f"{cell([r['index']['last_index_s'] for r in rounds], '{:.2f}')} s); indexes built "
               f"{cell([sum(r['index']['built'].values()) for r in rounds], '{:.0f}')}, received from peers "
-              f"{cell([sum(r['index']['from_peers'].values()) for r in rounds], '{:.0f}')}")
+              f"{cell([sum(r['index']['from_peers'].values()) for r in rounds], '{:.0f}')}; one node alone with "
+              f"its indexes made (daemon start and mount, no index work) ready in "
+              f"{cell([r['index']['alone_indexed_s'] for r in rounds], '{:.1f}')} s")
+        if a.cap_per_node:
+            print(f"  the same with each node's daemon in a cap of its own (its own link to the storage, as on a "
+                  f"cluster): last ready {cell([r['index']['own_caps']['last_ready_s'] for r in rounds], '{:.1f}')} s "
+                  f"(longest index phase {cell([r['index']['own_caps']['last_index_s'] for r in rounds], '{:.2f}')} s), "
+                  f"indexes built {cell([sum(r['index']['own_caps']['built'].values()) for r in rounds], '{:.0f}')}")
 
     def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
         med = median(values)
@@ -400,18 +448,24 @@ def report(ctx, rounds: list[dict]) -> None:
     print("-" * 104)
     for capacity in ("a", "b"):
         judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
-              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds], "<=", 1.1)
+              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds if f"{capacity}-peers" in r], "<=", 1.1)
     for e in range(1, a.epochs):
         judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
     if a.index_run:
         judge(f"index run: indexes built over all {n} nodes, x shards",
               [sum(r["index"]["built"].values()) / len(ctx.shards) for r in rounds], "<=", 1.25)
-        judge(f"index run: last of {n} nodes ready (mount returned), x one node alone",
-              [r["index"]["last_ready_s"] / r["index"]["alone_s"] for r in rounds], "<=", 0.5)
-        judge(f"index run: longest index phase of {n} nodes, x one node alone",
-              [r["index"]["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
+        variants = [("one cap shared", lambda r: r["index"])]
+        if a.cap_per_node:
+            variants.append(("a cap per node", lambda r: r["index"]["own_caps"]))
+        for label, of in variants:
+            judge(f"index run ({label}): last of {n} nodes ready, x one node alone",
+                  [of(r)["last_ready_s"] / r["index"]["alone_s"] for r in rounds], "<=", 0.5)
+            judge(f"index run ({label}): longest index phase of {n} nodes, x alone",
+                  [of(r)["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
     for c in a.kill_in:
         name = f"kill-{c}"
+        if name not in names:
+            continue
         judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
               [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
         judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
@@ -419,8 +473,8 @@ def report(ctx, rounds: list[dict]) -> None:
         first = next((r[name]["first_error"] for r in rounds if r[name]["first_error"]), None)
         if first:
             print(f"kill in ({c}), first problem: {first}")
-    print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds], '{:.2f}')}x, "
-          f"(b) {cell([x(r['b-alone']['storage']) for r in rounds], '{:.2f}')}x the dataset)")
+    print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds if 'a-alone' in r], '{:.2f}')}x, "
+          f"(b) {cell([x(r['b-alone']['storage']) for r in rounds if 'b-alone' in r], '{:.2f}')}x the dataset)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +524,14 @@ def main() -> int:
     parser.add_argument("--kill-in", type=lambda v: [c for c in v.split(",") if c], default=["b"],
                         help="capacities of the runs with a peer killed, e.g. a,b (default b: in (a) every node "
                         "holds the whole dataset after epoch 1, so a lost peer costs nothing; empty: none)")
+    parser.add_argument("--cap-per-node", action="store_true",
+                        help="the index run once more with each node's daemon in a blkio cgroup of its own at the "
+                        "same limits (each node its own link to the storage, as on a cluster; the shared-cap "
+                        "figure stays)")
+    parser.add_argument("--setups", type=lambda v: [c for c in v.split(",") if c],
+                        default=[name for name, _cap, _peers in SETUPS],
+                        help="which of " + ",".join(name for name, _cap, _peers in SETUPS) + " to run (default all; "
+                        "the targets need their pairs)")
     parser.add_argument("--drop-every", type=float, default=0.2,
                         help="seconds between FADV_DONTNEED of the shard files during epochs")
     parser.add_argument("--rebuild", action="store_true", help="remake the dataset even if marker.json matches")

@@ -213,7 +213,7 @@ class Daemon:
         self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
                                 keep_first=owns, readers_first=readers_first)
         if self.peers:
-            self.peers.ready(self.cache.fetch, self.cache.loaded)
+            self.peers.ready(self.cache.fetch, self.cache.loaded, self.cache.load)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
                  budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
         self.pressure = PressureWatcher(self.cache)

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BUILDERS = 2  # threads building indexes a peer asked for that were not built ahead
 START_WAIT = min(5.0, deadline.TIMEOUT / 3)  # an owner not answering this soon after we ask may be starting too
-RETRY_S = 0.25
+RETRY_S = 0.05  # a refused connection costs next to nothing: asked again soon, so no node waits long past its owner's start
 
 
 def _load_or_build(path: str, index_dir: str | None, columns: Columns) -> tuple[str | None, bool]:

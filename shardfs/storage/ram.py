@@ -174,8 +174,12 @@ class ShardCache:
 
     def prefetch_all(self, shards: list[Shard]) -> None:
         if self.prefetch == "all":
-            for shard in sorted(shards, key=lambda shard: shard.path):
-                self._queue.put(shard, PRIORITY_PREFETCH)
+            self.load(sorted(shards, key=lambda shard: shard.path))
+
+    def load(self, shards: list[Shard]) -> None:
+        """Load these shards whole in the background, as room allows (whatever the prefetch policy)."""
+        for shard in shards:
+            self._queue.put(shard, PRIORITY_PREFETCH)
 
     # ---- the read path ---------------------------------------------------
 

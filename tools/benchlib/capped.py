@@ -64,15 +64,22 @@ def device_read_bytes(dev: str) -> int:
 
 
 class ReadCap:
-    """A blkio cgroup capping reads from one device; this process (and so its children) in it."""
+    """A blkio cgroup capping reads from one device; this process (and so its children) in it,
+    unless ``join`` is false (then ``enter`` puts a child in it as it starts)."""
 
-    def __init__(self, dev: str, iops: int, bps: int, name: str = "bench"):
+    def __init__(self, dev: str, iops: int, bps: int, name: str = "bench", join: bool = True):
         rdev = os.stat(dev).st_rdev
         self.majmin = f"{os.major(rdev)}:{os.minor(rdev)}"
         self.path = os.path.join(BLKIO, f"shardfs-{name}-{os.getpid()}")
         os.mkdir(self.path)
         write(os.path.join(self.path, "blkio.throttle.read_iops_device"), f"{self.majmin} {iops}")
         write(os.path.join(self.path, "blkio.throttle.read_bps_device"), f"{self.majmin} {bps}")
+        self.joined = join
+        if join:
+            self.enter()
+
+    def enter(self) -> None:
+        """Put the calling process in the group (also as a subprocess's preexec_fn: after the fork)."""
         write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
 
     def holds(self, pid: int) -> bool:
@@ -93,7 +100,8 @@ class ReadCap:
         return self.reads()[1]
 
     def close(self) -> None:
-        write(os.path.join(BLKIO, "cgroup.procs"), str(os.getpid()))
+        if self.joined:
+            write(os.path.join(BLKIO, "cgroup.procs"), str(os.getpid()))
         for _ in range(50):  # exited children leave the group a moment later
             try:
                 os.rmdir(self.path)

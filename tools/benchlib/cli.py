@@ -12,7 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
 
 
-def shardfs(*args, check: bool = False, timeout: float = 7200, env: dict | None = None) -> subprocess.CompletedProcess:
+def shardfs(*args, check: bool = False, timeout: float = 7200, env: dict | None = None,
+            preexec_fn=None) -> subprocess.CompletedProcess:
     """Run ``python -m shardfs ARGS``; with ``check``, a failure raises RuntimeError with its output.
 
     The checkout comes first on the child's PYTHONPATH, so a mount runs the code that is measured
@@ -21,7 +22,7 @@ def shardfs(*args, check: bool = False, timeout: float = 7200, env: dict | None 
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, *SAFE_PATH, "-m", "shardfs", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, start_new_session=True)
+                          timeout=timeout, env=env, start_new_session=True, preexec_fn=preexec_fn)
     if check and done.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(map(str, args))} failed ({done.returncode}):\n"
                            f"{done.stdout}\n{done.stderr}")

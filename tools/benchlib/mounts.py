@@ -172,10 +172,12 @@ class Mounts:
                 signum, self._pending = self._pending, None
                 raise KeyboardInterrupt(f"signal {signum}")
 
-    def shardfs(self, sources: list[str], mnt: str, *options: str, log: str) -> Mounted:
-        """``shardfs mount`` through the real CLI; the daemon's pid from the mount's stats."""
+    def shardfs(self, sources: list[str], mnt: str, *options: str, log: str, preexec_fn=None) -> Mounted:
+        """``shardfs mount`` through the real CLI; the daemon's pid from the mount's stats.
+        ``preexec_fn``: run in the child before it starts (e.g. joining a cgroup of its own)."""
         def start():
-            shardfs("mount", *sources, mnt, "--log-file", log, *options, check=True, timeout=7200)
+            shardfs("mount", *sources, mnt, "--log-file", log, *options, check=True, timeout=7200,
+                    preexec_fn=preexec_fn)
             st = mount_stats(mnt)
             if not st or "pid" not in st:
                 raise RuntimeError(f"{mnt}: mounted, but the stats xattr gives no pid")

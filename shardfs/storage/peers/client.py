@@ -1,5 +1,5 @@
-"""The peer client: ranged GETs to other nodes (aiohttp, keep-alive), every reply checked end to
-end before a byte of it is used, and each peer's health.
+"""The peer client: ranged GETs to other nodes (keep-alive HTTP/1.1 on the reading thread,
+conns.py), every reply checked end to end before a byte of it is used, and each peer's health.
 
 A reply counts only if it is 206 for exactly the range asked, names the shard asked for, has
 as many bytes as asked, their CRC-32 matches the one sent, and its HMAC proves it comes from a
@@ -19,14 +19,16 @@ closed after IDLE_S; one sign-of-life request per peer at a time, whoever waits 
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import socket
 import threading
 import time
 import zlib
+from concurrent.futures import Future
 
 from shardfs.errors import ShardfsError
-from shardfs.storage.peers import auth
+from shardfs.storage.peers import auth, conns
+from shardfs.storage.peers.addresses import split
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,12 @@ CONNECTIONS, PER_PEER, IDLE_S = 64, 8, 30.0
 
 
 class PeerFailure(ShardfsError):
-    """A peer gave no usable reply; ``down``: mark it down (else it just lacks the shard)."""
+    """A peer gave no usable reply; ``down``: mark it down (else it just lacks the shard, or
+    ``busy``: all our connections to it were in use, which says nothing of the shard)."""
 
-    def __init__(self, message: str, down: bool = True):
+    def __init__(self, message: str, down: bool = True, busy: bool = False):
         super().__init__(message)
-        self.down = down
+        self.down, self.busy = down and not busy, busy
 
 
 class Health:
@@ -56,32 +59,16 @@ class Health:
 
 class PeerClient:
     def __init__(self, peers: list[str], me: str, key: bytes):
-        import aiohttp
-
-        self._aiohttp = aiohttp
         self.key = key
         self.health = {peer: Health() for peer in peers if peer != me}
-        self.counts = dict(bytes_from_peers=0, requests=0, failures=0, waits_for_owner=0)
+        self.counts = dict(bytes_from_peers=0, bytes_from_previous_owners=0, requests=0, failures=0,
+                           waits_for_owner=0)
         self.rate = 0.0  # bytes/s of large replies, a running average over all peers
         self.generation = 0  # counts peers going down and coming back (the owners change then)
         self._down: frozenset[str] = frozenset()  # the peers down now (made anew at each change)
-        self._alive_asks: dict[str, asyncio.Future] = {}  # peer -> its sign-of-life request under way
+        self._alive_asks: dict[str, Future] = {}  # peer -> its sign-of-life request under way
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="shardfs-peer-client", daemon=True).start()
-        self._session = self._call(self._open_session(), 10)
-
-    async def _open_session(self):
-        aiohttp = self._aiohttp
-        connector = aiohttp.TCPConnector(limit=CONNECTIONS, limit_per_host=PER_PEER, keepalive_timeout=IDLE_S,
-                                         resolver=aiohttp.ThreadedResolver())
-        self._pings = aiohttp.ClientSession(  # own connections: never queued behind a peer's slow replies
-            connector=aiohttp.TCPConnector(limit=PER_PEER, limit_per_host=1, force_close=True,
-                                           resolver=aiohttp.ThreadedResolver()))
-        return aiohttp.ClientSession(connector=connector, auto_decompress=False)
-
-    def _call(self, coro, timeout: float):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        self._pool = conns.Pool(CONNECTIONS, PER_PEER, IDLE_S, FIRST_BYTE_S)
 
     # ---- health ---------------------------------------------------------------------
 
@@ -137,13 +124,17 @@ class PeerClient:
 
     # ---- fetching -------------------------------------------------------------------
 
-    def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float) -> bytes:
-        """The checked bytes within ``budget`` seconds, or PeerFailure (the peer's health updated)."""
+    def fetch(self, peer: str, digest: str, offset: int, length: int, budget: float, held: bool = False) -> bytes:
+        """The checked bytes within ``budget`` seconds, or PeerFailure (the peer's health updated).
+        ``held``: only if the peer holds them in RAM now (it reads nothing for us; else 404)."""
         with self._lock:
             self.counts["requests"] += 1
             slowest = max(MIN_RATE, SLOW_SHARE * self.rate)
-        data = self._checked(peer, f"/shard/{digest}", f"bytes={offset}-{offset + length - 1}", digest, length,
-                             budget, FIRST_BYTE_S + length / slowest)
+        data = self._checked(peer, f"/{'held' if held else 'shard'}/{digest}", f"bytes={offset}-{offset + length - 1}",
+                             digest, length, budget, FIRST_BYTE_S + length / slowest)
+        if held:
+            with self._lock:
+                self.counts["bytes_from_previous_owners"] += len(data)
         return data
 
     def fetch_index(self, peer: str, digest: str, budget: float) -> bytes:
@@ -155,27 +146,23 @@ class PeerClient:
 
     def _checked(self, peer: str, target: str, byte_range: str, digest: str, length: int | None, budget: float,
                  transfer: float, health: bool = True) -> bytes:
-        work = self._get(peer, target, byte_range, length, budget, transfer)
-        future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
-            data, seconds, headers, proof = future.result(budget + transfer + FIRST_BYTE_S + 1)
-            self._check(headers, data, digest, byte_range, length, proof)  # here: the event loop goes on
+            body, seconds, headers, proof = self._get(peer, target, byte_range, length, budget, transfer)
+            self._check(headers, body, digest, byte_range, length, proof)
         except PeerFailure as exc:
             if health:
                 self._failed(peer, str(exc), exc.down)
             raise
-        except (self._aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, OSError) as exc:
-            future.cancel()
+        except (OSError, ValueError) as exc:
             why = str(exc) or type(exc).__name__
             if health:
                 self._failed(peer, why, True)
             raise PeerFailure(why) from None
         if health:
-            self._ok(peer, len(data), seconds)
-        return data
+            self._ok(peer, len(body), seconds)
+        return body
 
-    async def _get(self, peer: str, target: str, byte_range: str, length: int | None, budget: float,
-                   transfer: float):
+    def _get(self, peer: str, target: str, byte_range: str, length: int | None, budget: float, transfer: float):
         """(body, seconds its transfer took, headers, the request's proof), unchecked.
 
         An owner may need a while to read a shard from storage before it replies: while no reply
@@ -183,82 +170,82 @@ class PeerClient:
         (frozen, gone) fails at once, one that is gets the whole ``budget`` (then fails without
         being marked down). Once the reply has begun, its body gets ``transfer`` seconds."""
         proof = auth.sign_request(self.key, "GET", target, byte_range)
-        began: list[float] = []  # when the reply's head arrived
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + budget
-        asking = asyncio.ensure_future(self._exchange(f"http://{peer}{target}", byte_range, proof, length, began))
-        try:
-            while True:
-                now = loop.time()
-                if began:
-                    wait = began[0] + transfer - now
-                    if wait <= 0:
-                        raise PeerFailure(f"sent {length} bytes far slower than the peers do")
-                elif now >= ends:
-                    raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False)
-                else:
-                    wait = min(FIRST_BYTE_S, ends - now)
-                done, _ = await asyncio.wait({asking}, timeout=wait)
-                if done:
-                    body, headers = asking.result()
-                    return body, loop.time() - began[0], headers, proof
-                if not began and loop.time() < ends:
-                    if not await self._alive(peer):
-                        raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s")
-                    with self._lock:
-                        self.counts["waits_for_owner"] += 1
-        finally:
-            asking.cancel()  # nothing when it is done
+        headers = {auth.HEADER: proof, **({"Range": byte_range} if byte_range else {})}
+        ends = time.monotonic() + budget
+        gone: list[bool] = []
 
-    async def _alive(self, peer: str) -> bool:
+        def waiting() -> bool:
+            if time.monotonic() >= ends:
+                return False
+            if not self._alive(peer):
+                gone.append(True)
+                return False
+            with self._lock:
+                self.counts["waits_for_owner"] += 1
+            return True
+
+        try:
+            reply = self._pool.get(peer, target, headers, FIRST_BYTE_S, ends, transfer, waiting)
+        except conns.Timeout as exc:
+            if not exc.head:
+                raise PeerFailure(f"sent {length} bytes far slower than the peers do") from None
+            if gone:
+                raise PeerFailure(f"no answer within {FIRST_BYTE_S:.0f} s") from None
+            raise PeerFailure(f"alive, but no reply within {budget:.1f} s", down=False) from None
+        except conns.Busy:
+            raise PeerFailure(f"every connection to it busy for {budget:.1f} s", busy=True) from None
+        except TimeoutError:
+            raise PeerFailure(f"no connection within {FIRST_BYTE_S:.0f} s") from None
+        if reply.status != (206 if byte_range else 200):
+            why = bytes(reply.body[:200]).decode("utf-8", "replace")
+            raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
+        if length is not None and len(reply.body) != length:
+            raise PeerFailure(f"reply of {len(reply.body)} bytes for {length}")
+        return reply.body, time.monotonic() - reply.began, reply.headers, proof
+
+    def _alive(self, peer: str) -> bool:
         """Whether the peer answers a sign-of-life request; one request per peer at a time, its
         answer shared by every read waiting on that peer."""
-        asking = self._alive_asks.get(peer)
-        if asking is None:
-            asking = self._alive_asks[peer] = asyncio.ensure_future(self._ping(peer))
-            asking.add_done_callback(lambda _: self._alive_asks.pop(peer, None))
-        return await asyncio.shield(asking)
-
-    async def _ping(self, peer: str) -> bool:
+        with self._lock:
+            asking = self._alive_asks.get(peer)
+            mine = asking is None
+            if mine:
+                asking = self._alive_asks[peer] = Future()
+        if not mine:
+            return asking.result()
         try:
-            async with self._pings.get(f"http://{peer}/alive",
-                                       timeout=self._aiohttp.ClientTimeout(total=FIRST_BYTE_S)) as reply:
-                return reply.status == 204
-        except (self._aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
+            alive = self._ping(peer)
+        finally:
+            with self._lock:
+                self._alive_asks.pop(peer, None)
+        asking.set_result(alive)
+        return alive
 
-    async def _exchange(self, url: str, byte_range: str, proof: str, length: int | None, began: list):
-        limits = self._aiohttp.ClientTimeout(total=None, sock_connect=FIRST_BYTE_S)
-        headers = {auth.HEADER: proof, **({"Range": byte_range} if byte_range else {})}
-        async with self._session.get(url, headers=headers, timeout=limits) as reply:
-            if reply.status != (206 if byte_range else 200):
-                why = (await reply.content.read(200)).decode("utf-8", "replace")
-                raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
-            if length is not None and reply.content_length != length:  # before reading a body we would not use
-                raise PeerFailure(f"reply of {reply.content_length} bytes for {length}")
-            began.append(asyncio.get_running_loop().time())  # the owner sends a reply whole, once it has the bytes
-            return await reply.read(), reply.headers
+    @staticmethod
+    def _ping(peer: str) -> bool:
+        """GET /alive on a connection of its own: never queued behind a peer's slow replies."""
+        try:
+            with socket.create_connection(split(peer), timeout=FIRST_BYTE_S) as sock:
+                sock.sendall(f"GET /alive HTTP/1.1\r\nHost: {peer}\r\nConnection: close\r\n\r\n".encode("latin-1"))
+                return sock.recv(64).startswith((b"HTTP/1.1 204", b"HTTP/1.0 204"))
+        except OSError:
+            return False
 
     def _check(self, h, body: bytes, digest: str, byte_range: str, length: int | None, proof: str) -> None:
         try:
-            crc = int(h.get("X-Shardfs-Crc32", ""))
+            crc = int(h.get("x-shardfs-crc32", ""))
         except ValueError:
             raise PeerFailure("reply without a checksum") from None
-        if h.get("X-Shardfs-Shard") != digest:
-            raise PeerFailure(f"reply for another shard ({h.get('X-Shardfs-Shard')})")
-        if byte_range and not h.get("Content-Range", "").startswith(byte_range.replace("=", " ", 1) + "/"):
-            raise PeerFailure(f"reply for another range ({h.get('Content-Range')})")
+        if h.get("x-shardfs-shard") != digest:
+            raise PeerFailure(f"reply for another shard ({h.get('x-shardfs-shard')})")
+        if byte_range and not h.get("content-range", "").startswith(byte_range.replace("=", " ", 1) + "/"):
+            raise PeerFailure(f"reply for another range ({h.get('content-range')})")
         if length is not None and len(body) != length:
             raise PeerFailure(f"truncated reply: {len(body)} of {length} bytes")
-        if not auth.check_reply(self.key, proof, crc, len(body), h.get("X-Shardfs-Proof")):
+        if not auth.check_reply(self.key, proof, crc, len(body), h.get("x-shardfs-proof")):
             raise PeerFailure("reply not signed with our key")
         if zlib.crc32(body) != crc:
             raise PeerFailure("reply failed its checksum")
 
     def close(self) -> None:
-        try:
-            self._call(self._session.close(), 5)
-            self._call(self._pings.close(), 5)
-        except (TimeoutError, RuntimeError):
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._pool.close()

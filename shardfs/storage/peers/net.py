@@ -28,6 +28,8 @@ class PeerNet:
         self._placed: tuple[list[str], list[int]] = ([], [])  # the shards placed: digests, sizes
         self._placements: dict[bool, owner.Placement] = {}  # all up (False) / without those down now (True)
         self._generation = -1
+        self._previous: owner.Placement | None = None  # the one in force before the last change of peers
+        self._load = None  # the RAM cache's load(shards), once it exists
         self.server = PeerServer(me, key, self._shards.get)
         self.server.start()
         self.client = PeerClient(self.peers, me, key)
@@ -44,6 +46,8 @@ class PeerNet:
         """Place these shards among the peers (before the view exists: their indexes' owners)."""
         with self._lock:
             self._placed = (list(digests), list(sizes))
+            # (a rescan: an old shard the new set moved is still in its former owner's RAM)
+            self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
             self._placements.clear()
             self._generation = -1
 
@@ -59,16 +63,35 @@ class PeerNet:
         owner to try again once its backoff is over). Recomputed only when a peer went down or
         came back, never per read."""
         generation, down = self.client.down()
+        changed = None
         with self._lock:
             if generation != self._generation:
+                self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
                 self._placements.clear()
+                changed = self._generation >= 0 and self._previous
                 self._generation = generation
             key = with_down and bool(down)
             found = self._placements.get(key)
             if found is None:
                 found = self._placements[key] = owner.Placement(*self._placed, self.peers,
                                                                down=down if key else frozenset(), ring=self.ring)
-            return found
+        if changed:  # (on a thread of its own: we may be inside the cache's lock here)
+            threading.Thread(target=self._pull_moved, args=(changed,), name="shardfs-peer-moved", daemon=True).start()
+        return found
+
+    def holders(self, digest: str) -> list[str]:
+        """Other peers that owned the shard before the owners last changed (the placement in
+        force before, and the one with every peer up): they may still hold it in their caches,
+        which beats reading it from storage again when it moved to us."""
+        everyone = self.placement(with_down=False)
+        with self._lock:
+            before = self._previous
+        out = []
+        for placed in (before, everyone):
+            peer = placed.owner_of(digest) if placed is not None else None
+            if peer not in (None, self.me) and peer not in out:
+                out.append(peer)
+        return out
 
     def shard(self, digest: str) -> PeerShard | None:
         return self._shards.get(digest)
@@ -76,9 +99,26 @@ class PeerNet:
     def owner_of(self, digest: str) -> str | None:
         return self.placement().owner_of(digest)
 
-    def ready(self, read, loaded) -> None:
-        """Serve peers from the RAM cache: ``read`` its fetch, ``loaded`` what it holds now."""
+    def ready(self, read, loaded, load=None) -> None:
+        """Serve peers from the RAM cache: ``read`` its fetch, ``loaded`` what it holds now;
+        ``load(shards)``: have it load shards whole (those that move to us from a live peer)."""
+        self._load = load
         self.server.ready(read, loaded)
+
+    def _pull_moved(self, before: owner.Placement) -> None:
+        """The owners changed: shards now ours whose former owner is up are loaded at once, while
+        that peer still holds them (GET /held; it evicts them for its own new shards soon)."""
+        now, client = self.placement(), self.client
+        moved = []
+        for digest in self._placed[0]:
+            was = before.owner_of(digest)
+            shard = self._shards.get(digest)
+            if shard is not None and now.owner_of(digest) == self.me and was not in (None, self.me) \
+                    and not client.is_down(was):
+                moved.append(shard)
+        if moved and self._load is not None:
+            log.info("%d shards moved to this node from peers that are up: loading them from those peers", len(moved))
+            self._load(moved)
 
     @staticmethod
     def owns(shard: Shard) -> bool:

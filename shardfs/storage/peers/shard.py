@@ -31,6 +31,7 @@ class PeerShard(Shard):
         self.tag = getattr(inner, "tag", None)
         self.digest = owner.digest(owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag))
         self._lacking: dict[str, float] = {}  # peer -> until when it is taken not to hold this shard
+        self._not_held: dict[str, float] = {}  # the same for a former owner's RAM (GET /held)
 
     @property
     def owned(self) -> bool:
@@ -75,25 +76,36 @@ class PeerShard(Shard):
 
     def _from_peers(self, offset: int, length: int) -> bytes | None:
         """The bytes from the first peer before us among the shard's candidates that gives them,
-        or None: we are next in line (or everyone before us failed), so storage it is."""
-        if serving_peer():
-            return None
+        else from a peer that owned the shard before the owners changed and holds them still,
+        or None: we are next in line (or everyone before us failed), so storage it is.
+        Reading for a peer, only the second (it reads nothing for us: no requests in circles)."""
         ends = time.monotonic() + PEER_BUDGET_S
         tried: set[str] = set()
-        while True:
-            peer = self._next_peer(tried)
-            left = ends - time.monotonic()
-            if peer is None or left <= 0.5:
-                return None
-            tried.add(peer)
-            try:
-                data = self.net.client.fetch(peer, self.digest, offset, length, left)
-                origin.add_from_peers(len(data))
-                return data
-            except PeerFailure as exc:
-                if not exc.down:
-                    self._lacking[peer] = time.monotonic() + LACKS_S
-                # else: the peer is down now and the owners are placed again without it
+        if not serving_peer():
+            while (peer := self._next_peer(tried)) is not None and ends - time.monotonic() > 0.5:
+                tried.add(peer)
+                data = self._fetch(peer, offset, length, ends, self._lacking)
+                if data is not None:
+                    return data
+        now = time.monotonic()
+        for peer in self.net.holders(self.digest):
+            if peer not in tried and self.net.client.usable(peer) and self._not_held.get(peer, 0.0) <= now:
+                if ends - time.monotonic() <= 0.5:
+                    return None
+                data = self._fetch(peer, offset, length, ends, self._not_held, held=True)
+                if data is not None:
+                    return data
+        return None
+
+    def _fetch(self, peer: str, offset: int, length: int, ends: float, lacking: dict, held: bool = False):
+        try:
+            data = self.net.client.fetch(peer, self.digest, offset, length, ends - time.monotonic(), held)
+        except PeerFailure as exc:
+            if not exc.down and not exc.busy:
+                lacking[peer] = time.monotonic() + LACKS_S
+            return None  # (down: the owners are placed again without it)
+        origin.add_from_peers(len(data))
+        return data
 
     def _next_peer(self, tried: set[str]) -> str | None:
         """Whom to ask next: the owner were all up, if it is down but due for another try (so a
