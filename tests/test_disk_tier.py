@@ -423,6 +423,8 @@ def test_an_unmount_during_a_fill_of_hung_storage_exits_at_once_and_the_fill_res
     first = min(digests, key=lambda name: int(name.split("_")[-1].split(".")[0]))  # member 0, before that
     flag, tier = tmp_path / "hang", tmp_path / "tier"
     with hanging_storage(tmp_path, src, "part-00.tar", flag, start=hang) as storage:
+        # (indexed first: a first mount's index build would fill the tier itself, buildfill.py)
+        shardfs_cmd("index", str(storage), check=True)
         m = mount(storage, options=options(tier, SMALL_RAM))
         flag.touch()
         with open(os.path.join(m.path, first), "rb") as f:
