@@ -13,8 +13,9 @@ Nothing is trusted before the build is done and the shard found as it was when t
 or a build cut short by an unmount, leaves nothing in either cache. A RAM buffer is kept only if
 every chunk arrived; it becomes resident once the view holds the shard (``adopt``).
 
-Every byte a build reads counts as read from storage (``cache.build_bytes_read``, included in
-``cache.storage_bytes_read``).
+What a build reads counts as read from storage (``cache.build_bytes_read``, included in
+``cache.storage_bytes_read``), each byte once: bytes it reads again (the index's fingerprint
+windows, from the page cache for a local file) are not counted.
 """
 
 from __future__ import annotations
@@ -99,9 +100,13 @@ class Keeper:
                 buf[chunk * CHUNK : chunk * CHUNK + len(data)] = data
 
         chunks = Chunks(shard.size, put)
+        seen = 0  # bytes below this were read already
 
         def on_read(offset: int, data) -> None:
-            self.cache.count_build_read(len(data))
+            nonlocal seen
+            end = offset + len(data)
+            self.cache.count_build_read(max(0, end - max(offset, seen)))
+            seen = max(seen, end)
             if tier is not None or buf is not None:
                 chunks(offset, data)
 
