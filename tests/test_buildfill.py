@@ -15,6 +15,7 @@ import pytest
 from benchlib.cli import REPO
 from conftest import needs_fuse, wait_for
 from faulty_storage import held
+from remote_servers import nginx  # noqa: F401 (a fixture)
 from test_disk_tier import (BIG_RAM, SMALL_RAM, cached, hanging_storage, options, read_all, storage_bytes,
                             tar_bytes, write_shards)
 from test_index_build import _ChangesAfterItsFirstRead, _alive, _tiny_members_shard
@@ -53,6 +54,21 @@ def test_a_first_mount_with_a_disk_tier_serves_its_epochs_with_no_storage_reads(
     assert [c["filled"] for c in cached(tier)] == [c["size"] for c in cached(tier)]
     epochs_read_nothing_from_storage(m, digests)
     assert m.stats()["disk"]["hits"] > 0
+
+
+@needs_fuse
+def test_remote_shards_fill_the_tier_as_their_indexes_are_built(shards, mount, tmp_path, monkeypatch, nginx):
+    src, digests, total = shards
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # (their indexes: none yet)
+    base, www = nginx
+    for p in src.glob("*.tar"):
+        os.link(p, www / p.name)
+    m = mount(f"{base}/part-{{00..02}}.tar", options=options(tmp_path / "tier", SMALL_RAM))
+    stats = m.stats()
+    assert total <= stats["cache"]["build_bytes_read"] <= 1.05 * total and stats["disk"]["bytes_written"] == total
+    fetched = stats["remote"]["bytes"]
+    epochs_read_nothing_from_storage(m, digests, count=1)
+    assert m.stats()["remote"]["bytes"] == fetched
 
 
 @needs_fuse
