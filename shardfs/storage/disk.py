@@ -447,6 +447,8 @@ class DiskTier:
                     entry.file.release_fill_lock()  # let other daemons fill what we no longer will
                     with entry.cond:
                         entry.cond.notify_all()
+            for file in self._built.values():
+                file.release_fill_lock()
 
     # ---- figures and lifecycle -------------------------------------------------------------------
 
