@@ -208,7 +208,7 @@ class Daemon:
 
     def _make_caches(self, found: list[str]) -> None:
         """The RAM cache (its budget) and the disk tier, for the shards found; and whether index
-        builds fill them as they read (a disk tier, or a RAM budget that holds the shards)."""
+        builds fill them as they read (a disk tier, or a RAM budget that holds the shards; no peers)."""
         from shardfs.fuse.table import Slots  # these load libfuse: `shardfs index` etc. work without it
 
         opts = self.opts
@@ -227,7 +227,9 @@ class Daemon:
         self.disk = _disk_tier(opts, loaders, self.slots, owns, readers_first)
         self.cache = ShardCache([], budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
                                 keep_first=owns, readers_first=readers_first)
-        self.keeper = Keeper(self.disk, self.cache) if self.disk or budget >= _local_bytes(found) else None
+        # (Not with peers: each shard's owner reads it, and the others ask the owner for it.)
+        keep = not self.peers and (self.disk or budget >= _local_bytes(found))
+        self.keeper = Keeper(self.disk, self.cache) if keep else None
         self.pressure = PressureWatcher(self.cache)
         self.pressure.start()
 
