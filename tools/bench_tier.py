@@ -392,7 +392,8 @@ def report(ctx, rounds: list[dict]) -> None:
         ("storage requests, epoch 1 / sequential bound", "{} / {}".format(
             spread(r["shardfs"][0]["requests"] for r in rounds), spread(r["seq"]["requests"] for r in rounds))),
         ("  mean request KiB, epoch 1 / bound", "{} / {}".format(
-            spread((r["shardfs_storage"][0] / r["shardfs"][0]["requests"] / 1024 for r in rounds)),
+            spread((r["shardfs_storage"][0] / r["shardfs"][0]["requests"] / 1024 for r in rounds
+                    if r["shardfs"][0]["requests"])),  # (none where the mount's index build filled the tier)
             spread((shard_bytes / r["seq"]["requests"] / 1024 for r in rounds)))),
         ("staged by hand: cp -r s", spread((r["stage_s"] for r in rounds), "{:.1f}")),
         ("sequential bound MB/s (O_DIRECT / readahead)", "{} ({} / {})".format(
@@ -521,11 +522,11 @@ def main() -> int:
                 sweep_report(ctx, rounds)
             return 0 if rounds else 1
         rounds = until_interrupted(args.rounds, lambda r: one_round(ctx, r))
-        if rounds:
-            report(ctx, rounds)
-        if args.json:
+        if args.json:  # (first: the figures are kept whatever the report does)
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "marker": ctx.marker, "rounds": rounds}, f, indent=1, default=str)
+        if rounds:
+            report(ctx, rounds)
     return 0 if rounds else 1
 
 
