@@ -184,6 +184,9 @@ class ShardCache:
         """The shard's raw bytes there; from the cache as a view (no copy: the mount copies it
         once into the reply), else bytes read from storage."""
         res = self.resident.get(shard)
+        if res is not None and shard.broken:  # changed or gone since (a rescan): its bytes are not served
+            self._drop(res)
+            raise ShardIOError(shard.broken)
         if res is None:
             res = self._admit(shard)
             if res is None:
@@ -211,7 +214,7 @@ class ShardCache:
         callers on an event loop, such as the peer server)."""
         res = self.resident.get(shard)
         chunks = range(offset // CHUNK, (offset + length - 1) // CHUNK + 1)
-        if res is None or any(res.state[chunk] != LOADED for chunk in chunks):
+        if res is None or shard.broken or any(res.state[chunk] != LOADED for chunk in chunks):
             return None
         res.last_used = time.monotonic()
         self._count("hits")
