@@ -81,7 +81,10 @@ def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mou
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # (a RAM budget that does not hold the shards, and no disk tier: the builds run in worker
+    # processes, not in the daemon's threads as when they fill the caches; test_buildfill stops those)
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(src), str(mnt), "-f", "--workers", "2",
+                               "--cache-size", "1M",
                                "--index-dir", str(idx), "--log-file", str(tmp_path / "d.log")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []

@@ -6,6 +6,7 @@ elsewhere, by a fingerprint of the object's bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -97,8 +98,14 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
     return index, f"{how}, not saved"
 
 
+def _built(shard, columns: Columns, keep) -> ShardIndex:
+    """``keep(shard)``: a context around the build that keeps what it reads (storage/buildfill.py)."""
+    with keep(shard) if keep is not None else contextlib.nullcontext():
+        return build(shard, columns)
+
+
 def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False,
-                         columns: Columns = Columns()) -> tuple[ShardIndex, str]:
+                         columns: Columns = Columns(), keep=None) -> tuple[ShardIndex, str]:
     """A remote shard's index: from the local cache (keyed by URL), else from beside the object
     (``URL.shardfs-idx``, copied into the cache), else built by streaming the object once.
     An index is used only if it describes the object: built from it (same size and ETag or
@@ -132,7 +139,7 @@ def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool =
                 index.shard_tag, index.shard_mtime_ns = obj.tag, obj.mtime_ns
                 return _save_first(index, [cached], url, how="loaded")
             log.warning("index %s does not describe %s (%s); building one", beside, url, why)
-    return _save_first(build(RemoteShard.of(obj), columns), [cached], url)
+    return _save_first(_built(RemoteShard.of(obj), columns, keep), [cached], url)
 
 
 def _not_describing(index: ShardIndex, obj, columns: Columns = Columns()) -> str | None:
@@ -173,11 +180,12 @@ def find_current(shard_path: str, index_dir: str | None = None, columns: Columns
 
 
 def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False,
-                  columns: Columns = Columns()) -> tuple[ShardIndex, str]:
+                  columns: Columns = Columns(), keep=None) -> tuple[ShardIndex, str]:
     """The shard's index and how it was obtained ("loaded", "built" or "built, not saved").
-    ``rebuild``: build it without looking for a persisted one. ``columns``: see datafile.Columns."""
+    ``rebuild``: build it without looking for a persisted one. ``columns``: see datafile.Columns.
+    ``keep``: see _built."""
     if is_url(shard_path):
-        return load_or_build_remote(shard_path, index_dir, rebuild, columns)
+        return load_or_build_remote(shard_path, index_dir, rebuild, columns, keep)
     if not rebuild:
         index = find_current(shard_path, index_dir, columns)
         if index is not None:
@@ -185,7 +193,7 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
     st = os.stat(shard_path)
     shard = LocalShard(shard_path, st.st_size, st.st_mtime_ns, sequential=True)
     try:
-        return _save_first(build(shard, columns), candidate_paths(shard_path, index_dir), shard_path)
+        return _save_first(_built(shard, columns, keep), candidate_paths(shard_path, index_dir), shard_path)
     finally:
         shard.close()
 

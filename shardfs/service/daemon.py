@@ -25,6 +25,8 @@ from shardfs.view.progress import describe as describe_progress
 from shardfs.view.sources import find_shards
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
+from shardfs.storage.base import is_url
+from shardfs.storage.buildfill import Keeper
 from shardfs.storage.memory import default_budget, share_budget
 from shardfs.storage.disk import DiskTier
 from shardfs.storage.pressure import PressureWatcher
@@ -86,6 +88,17 @@ def _describe(view: datasets.Dataset) -> str:
             f"{tree.total_size / 1e9:.1f} GB")
 
 
+def _local_bytes(found: list[str]) -> int:
+    """The size of the local shards (remote ones count as too large: their size is not known yet)."""
+    total = 0
+    for path in found:
+        try:
+            total += os.path.getsize(path) if not is_url(path) else 1 << 62
+        except OSError:
+            pass
+    return total
+
+
 def _disk_tier(opts: MountConfig, loaders: int, publisher, keep_first, readers_first: ReadersFirst) -> DiskTier | None:
     """The disk tier asked for, or the service's own (systemd CacheDirectory=), or none."""
     where = opts.disk_cache
@@ -136,8 +149,11 @@ class Daemon:
         """Mount and serve until unmounted, in the steps below."""
         self._prepare_process()
         self._start_peers()
-        view = self._open_view()
-        self._make_caches(view)
+        self._report("finding shards")
+        found = find_shards(self.sources)
+        self._make_caches(found)  # before the view: the index builds fill them (storage/buildfill.py)
+        view = self._open_view(found)
+        self._serve_from_caches(view)
         self._make_filesystem(view)
         started = time.monotonic()
         # Idle workers are never destroyed: a pool that shrinks after each burst creates new
@@ -170,19 +186,18 @@ class Daemon:
             self.sharing = IndexSharing(self.peers, opts.index_dir, self.columns,
                                         opts.workers or min(8, os.cpu_count() or 1))
 
-    def _open_view(self) -> datasets.Dataset:
-        """Find the shards, load or build their indexes (saying how far it is; with peers, the
+    def _open_view(self, found: list[str]) -> datasets.Dataset:
+        """Load or build the indexes of the shards found (saying how far it is; with peers, the
         owned shards' first, then the others' from their owners), merge the tree."""
         opts = self.opts
-        self._report("finding shards")
         began = time.monotonic()
-        found = find_shards(self.sources)
         if self.sharing:  # the indexes of the shards we own first: the other nodes ask for them
             self.sharing.know(found)
             self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
         view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
                                      progress=IndexProgress(self._index_progress),
-                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None)
+                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None,
+                                     keep=self.keeper.reading if self.keeper else None)
         view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
@@ -193,8 +208,9 @@ class Daemon:
         _return_freed_memory()
         return view
 
-    def _make_caches(self, view: datasets.Dataset) -> None:
-        """The RAM cache (its budget) and the disk tier, over the view's shards."""
+    def _make_caches(self, found: list[str]) -> None:
+        """The RAM cache (its budget) and the disk tier, for the shards found; and whether index
+        builds fill them as they read (a disk tier, or a RAM budget that holds the shards; no peers)."""
         from shardfs.fuse.table import Slots  # these load libfuse: `shardfs index` etc. work without it
 
         opts = self.opts
@@ -202,22 +218,36 @@ class Daemon:
             budget, why = share_budget(opts.cache_size)
         else:
             budget, why = default_budget()
-        self.remote = any(s.remote for s in view.shards)
+        self.budget_why = why
+        self.remote = any(is_url(p) for p in found)
         if self.remote:
             log.info("remote shards; storage options %s", remote.redact_options(opts.storage_options) or "none")
-        loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
+        loaders = self.loaders = opts.loaders or (REMOTE_LOADERS if self.remote else LOCAL_LOADERS)
         self.slots = Slots()
         owns = self.peers.owns if self.peers else None
         readers_first = ReadersFirst(loaders)  # readers' storage reads before the cache's loads and the tier's fills
         self.disk = _disk_tier(opts, loaders, self.slots, owns, readers_first)
-        self.cache = ShardCache(view.shards, budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
+        self.cache = ShardCache([], budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
                                 keep_first=owns, readers_first=readers_first)
+        # (Not with peers: each shard's owner reads it, and the others ask the owner for it.)
+        keep = not self.peers and (self.disk or budget >= _local_bytes(found))
+        self.keeper = Keeper(self.disk, self.cache) if keep else None
+        self.pressure = PressureWatcher(self.cache)
+        self.pressure.start()
+
+    def _serve_from_caches(self, view: datasets.Dataset) -> None:
+        """The view's shards in the caches: those the index builds read whole resident, the rest
+        prefetched as asked; peers served from them."""
+        if self.keeper is not None:
+            adopted = self.keeper.adopt(view.shards)
+            if adopted:
+                log.info("%d shards kept in RAM as their indexes were built", adopted)
+        self.cache.prefetch_all(view.shards)
         if self.peers:
             self.peers.ready(self.cache.fetch, self.cache.loaded, self.cache.load)
         log.info("cache budget %.2f GiB (%s) for %.2f GiB of shards; prefetch: %s; %d loaders",
-                 budget / 2**30, why, sum(s.size for s in view.shards) / 2**30, opts.prefetch, loaders)
-        self.pressure = PressureWatcher(self.cache)
-        self.pressure.start()
+                 self.cache.budget / 2**30, self.budget_why, sum(s.size for s in view.shards) / 2**30,
+                 self.opts.prefetch, self.loaders)
 
     def _make_filesystem(self, view: datasets.Dataset) -> None:
         """The operations over the view and caches, and the FUSE session at the mountpoint."""

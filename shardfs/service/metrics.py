@@ -63,6 +63,8 @@ _SCALARS = [
     ("shardfs_cache_load_errors", "counter", "Shard loads that failed", ("cache", "load_errors")),
     ("shardfs_storage_read_bytes", "counter", "Bytes read from shared storage (shard files, objects); not from peers",
      ("cache", "storage_bytes_read")),
+    ("shardfs_storage_build_read_bytes", "counter", "Bytes index builds read from shared storage (in the above)",
+     ("cache", "build_bytes_read")),
     ("shardfs_cache_peer_read_bytes", "counter", "Bytes the cache got from peers instead of shared storage",
      ("cache", "peer_bytes_read")),
     ("shardfs_storage_read_seconds", "counter", "Seconds spent reading from storage",

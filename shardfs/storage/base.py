@@ -49,6 +49,9 @@ class Shard:
         self.broken: str | None = None
         self.index_path: str | None = None  # where its index was loaded from or saved to
         self.io_errors = 0
+        # Told of every pread's bytes (offset, data): an index build keeping what it reads in the
+        # caches as it goes (storage/buildfill.py), so that the first epoch does not read it again.
+        self.on_read = None
         self._lock = threading.RLock()  # mark_broken may run with it held (RLock)
 
     # ---- reading ---------------------------------------------------------------------
@@ -58,7 +61,10 @@ class Shard:
         if self.broken:
             raise ShardIOError(self.broken, unavailable=True, permanent=True)
         length = min(length, self.size - offset)
-        return self._pread(offset, length) if length > 0 else b""
+        data = self._pread(offset, length) if length > 0 else b""
+        if self.on_read is not None and data:
+            self.on_read(offset, data)
+        return data
 
     def read_into(self, buf: memoryview, offset: int, length: int) -> None:
         """Fill ``buf[offset:offset+length]`` with the shard's bytes there, or ShardIOError.

@@ -91,6 +91,9 @@ class DiskTier:
         self.held = sum(logical_size(e) for e in cache_files(directory))
         self.entries: dict[Shard, Entry | None] = {}  # None: not cached on disk (see _open)
         self.refused: dict[Shard, int] = {}  # shard -> evictions when it did not fit
+        # Files index builds filled (BuildChunks), kept open (and their fill lock) until the view's
+        # shard opens its entry with it: never evicted in between, no lock dropped by a close.
+        self._built: dict[str, TierFile] = {}
         self.disabled: str | None = None
         self._lock = threading.RLock()  # _disable may run with it held
         self._closed = False
@@ -354,21 +357,17 @@ class DiskTier:
                 log.info("%s: path too long for the disk tier; not cached", shard.path)
                 self.entries[shard] = None
                 return None
-            if not os.path.exists(os.path.join(self.dir, file_name(shard.path))):
-                if self.refused.get(shard) == self._counts["shards_evicted"]:
-                    return None  # did not fit, and nothing left since
-                may_evict = self.keep_first is None or self.keep_first(shard)
-                if not self._make_room(shard.size, may_evict):
-                    self.refused[shard] = self._counts["shards_evicted"]
-                    self._counts["shards_refused"] += 1
-                    return None
-                self.held += shard.size
-                self._counts["shards_added"] += 1
+            built = self._built.pop(shard.path, None)
+            if built is not None and built.ident != identity(shard):  # (the view holds another version)
+                built.close()
+                built = None
+            if built is None and not self._room_for(shard):
+                return None
             try:
-                file = TierFile.open_or_create(self.dir, identity(shard))
+                file = built or TierFile.open_or_create(self.dir, identity(shard))
                 if file is not None:
                     os.utime(file.path)  # the LRU clock of eviction
-                    entry = Entry(file, file.take_fill_lock())
+                    entry = Entry(file, built is not None or file.take_fill_lock())
             except OSError as exc:
                 self._disable(exc)
                 return None
@@ -380,6 +379,41 @@ class DiskTier:
             if entry is not None and self.publisher is not None:
                 self.publisher.on_disk(shard, entry.file, entry.state, VALID)
             return entry
+
+    def _room_for(self, shard: Shard) -> bool:
+        """Whether the shard's file is there or a new one fits (evicting by the tier's policy). Lock held."""
+        if os.path.exists(os.path.join(self.dir, file_name(shard.path))):
+            return True
+        if self.refused.get(shard) == self._counts["shards_evicted"]:
+            return False  # did not fit, and nothing left since
+        may_evict = self.keep_first is None or self.keep_first(shard)
+        if not self._make_room(shard.size, may_evict):
+            self.refused[shard] = self._counts["shards_evicted"]
+            self._counts["shards_refused"] += 1
+            return False
+        self.held += shard.size
+        self._counts["shards_added"] += 1
+        return True
+
+    def for_build(self, shard: Shard) -> BuildChunks | None:
+        """Where an index build of ``shard`` writes the chunks it reads (storage/buildfill.py), or
+        None where the tier would not fill it now: no room by its policy, the tier off or closed, a
+        path too long, a file another daemon fills or still reads an older version of. Used at the
+        first mount, before this daemon opens any tier file to serve (closing a file would drop the
+        process's fill lock on it)."""
+        with self._lock:
+            if (self._closed or self.disabled or not fits(identity(shard)) or shard.path in self._built
+                    or not self._room_for(shard)):
+                return None
+            try:
+                file = TierFile.open_or_create(self.dir, identity(shard))
+                if file is not None and not file.take_fill_lock():
+                    file.close()  # another daemon fills it: it writes the chunks
+                    file = None
+                return BuildChunks(self, file) if file is not None else None
+            except OSError as exc:
+                self._disable(exc)
+                return None
 
     def _make_room(self, need: int, may_evict: bool = True) -> bool:
         """Remove least recently used files no daemon has open until ``need`` fits. Lock held."""
@@ -413,6 +447,8 @@ class DiskTier:
                     entry.file.release_fill_lock()  # let other daemons fill what we no longer will
                     with entry.cond:
                         entry.cond.notify_all()
+            for file in self._built.values():
+                file.release_fill_lock()
 
     # ---- figures and lifecycle -------------------------------------------------------------------
 
@@ -453,6 +489,9 @@ class DiskTier:
         with self._lock:
             entries = [(shard, entry) for shard, entry in self.entries.items() if entry is not None]
             self.entries.clear()
+            built, self._built = list(self._built.values()), {}
+        for file in built:  # filled by a build, never served (its shard left out of the view)
+            file.close()
         ends = time.monotonic() + CLOSE_GRACE_S
         for shard, entry in entries:
             with entry.cond:
@@ -465,3 +504,50 @@ class DiskTier:
             with contextlib.suppress(OSError):
                 os.utime(entry.file.path)  # used until now, for the LRU order of eviction
             entry.file.close()
+
+
+class BuildChunks:
+    """The chunks an index build reads, written into the shard's tier file as the build reads
+    them; their records (what makes a chunk trusted) only at ``close(keep=True)``, once the build is
+    done and the shard found unchanged: a shard that changes midway, or a build cut short, leaves
+    no chunk trusted. Chunks the file holds already are not written again."""
+
+    def __init__(self, tier: DiskTier, file: TierFile):
+        self.tier, self.file = tier, file
+        self.held = [r is not None for r in file.records()]
+        self.crcs: dict[int, tuple[int, ...]] = {}
+        self.written = 0
+
+    def put(self, chunk: int, data) -> None:
+        if self.held[chunk] or self.tier.disabled:
+            return
+        try:
+            self.crcs[chunk] = self.file.write_data(chunk, data)
+        except OSError as exc:
+            self.tier._disable(exc)
+            return
+        self.written += len(data)
+        if len(self.crcs) % FILL_RUN == 0:  # their writing back starts now (see _fill_missing)
+            self.file.forget(max(0, chunk + 1 - FILL_RUN) * CHUNK, FILL_RUN * CHUNK)
+
+    def close(self, keep: bool) -> None:
+        """Records written (``keep``) and the file left open for the shard's entry (DiskTier._open),
+        or not: then the file is closed, and removed if none of it is trusted."""
+        tier = self.tier
+        try:
+            if keep and not tier.disabled:
+                for chunk, crcs in self.crcs.items():
+                    self.file.write_record(chunk, crcs)
+                tier._count("bytes_written", self.written)
+                self.file.forget(0, 0)
+                with tier._lock:
+                    if not tier._closed:
+                        tier._built[self.file.ident["path"]] = self.file
+                        return
+        except OSError as exc:
+            tier._disable(exc)
+            keep = False
+        self.file.close()
+        if not keep and not any(self.held) and remove_if_unused(self.file.path):
+            with tier._lock:
+                tier.held -= self.file.size

@@ -82,16 +82,17 @@ class Publisher(Protocol):
 class Resident:
     """One admitted shard: its buffer and which chunks of it are loaded."""
 
-    def __init__(self, shard: Shard):
+    def __init__(self, shard: Shard, filled: mmap.mmap | None = None):
+        """``filled``: a buffer (``buffers.anonymous``) already holding every byte of the shard."""
         self.shard = shard
         self.size = shard.size
         # Whole pages, so that O_DIRECT reads of the last chunk fit (see Shard.read_at); huge ones
         # where the kernel gives them, so that those reads reach storage as large requests.
-        self.buf = buffers.anonymous(self.size)
+        self.buf = filled if filled is not None else buffers.anonymous(self.size)
         self.footprint = len(self.buf)  # what it costs of the budget
         nchunks = (self.size + CHUNK - 1) // CHUNK
-        self.state = bytearray(nchunks)
-        self.missing = nchunks
+        self.state = bytearray([LOADED] * nchunks if filled is not None else nchunks)
+        self.missing = 0 if filled is not None else nchunks
         self.cond = threading.Condition()
         self.failed: str | None = None
         self.last_used = time.monotonic()
@@ -168,7 +169,7 @@ class ShardCache:
         self._closed = False  # unmounted: loads stop, readers still waiting give up
         self._lock = threading.Lock()
         self._counts = dict(hits=0, misses=0, direct_reads=0, storage_bytes_read=0, peer_bytes_read=0, evicted=0, admitted=0,
-                            storage_read_ns=0, load_errors=0)
+                            storage_read_ns=0, load_errors=0, build_bytes_read=0)
         self._queue = LoadQueue(loaders, self._load)
         self.prefetch_all(shards)
 
@@ -187,6 +188,9 @@ class ShardCache:
         """The shard's raw bytes there; from the cache as a view (no copy: the mount copies it
         once into the reply), else bytes read from storage."""
         res = self.resident.get(shard)
+        if res is not None and shard.broken:  # changed or gone since (a rescan): its bytes are not served
+            self._drop(res)
+            raise ShardIOError(shard.broken)
         if res is None:
             res = self._admit(shard)
             if res is None:
@@ -214,7 +218,7 @@ class ShardCache:
         callers on an event loop, such as the peer server)."""
         res = self.resident.get(shard)
         chunks = range(offset // CHUNK, (offset + length - 1) // CHUNK + 1)
-        if res is None or any(res.state[chunk] != LOADED for chunk in chunks):
+        if res is None or shard.broken or any(res.state[chunk] != LOADED for chunk in chunks):
             return None
         res.last_used = time.monotonic()
         self._count("hits")
@@ -326,6 +330,41 @@ class ShardCache:
             self._counts["admitted"] += 1
         self._queue.put(shard, priority)
         return res
+
+    # ---- shards an index build read whole (storage/buildfill.py) ----------------------------
+
+    def hold(self, size: int) -> mmap.mmap | None:
+        """A buffer for a shard of ``size`` bytes, its room taken from the budget as an admission
+        would (None if it does not fit); then ``adopt`` it, or give it back with ``unhold``."""
+        need = buffers.footprint(size)
+        with self._lock:
+            if self._closed or need > self.budget or not self._make_room(need):
+                return None
+            self.reserved += need
+        return buffers.anonymous(size)
+
+    def unhold(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            self.reserved -= len(buf)
+        buf.close()
+
+    def adopt(self, shard: Shard, buf: mmap.mmap) -> None:
+        """The shard is resident, its bytes all in ``buf`` (from ``hold``)."""
+        with self._lock:
+            old = self.resident.get(shard)
+            if old is not None:  # (not at a first mount: nothing is resident before the view)
+                self.reserved -= len(buf)
+                buf.close()
+                return
+            res = self.resident[shard] = Resident(shard, filled=buf)
+            self.refused.pop(shard, None)
+            if self.publisher is not None:
+                self.publisher.resident(shard, res.buf, res.size, res.state, CHUNK)
+            self._counts["admitted"] += 1
+
+    def count_build_read(self, nbytes: int) -> None:
+        """Bytes an index build read from shared storage (they count as storage reads too)."""
+        self._count("build_bytes_read", nbytes)
 
     def _first(self, shard: Shard) -> bool:
         return self.keep_first is not None and self.keep_first(shard)
@@ -441,6 +480,8 @@ class ShardCache:
         if self.publisher is not None:  # reads the publisher answered from our buffers
             counts["hits"] += self.publisher.hits()
         busy_s = counts.pop("storage_read_ns") / 1e9
+        rate = round(counts["storage_bytes_read"] / busy_s / 1e6, 1) if busy_s else 0.0  # (builds' not timed)
+        counts["storage_bytes_read"] += counts["build_bytes_read"]  # index builds read storage too
         return {
             "budget_bytes": self.budget,
             "used_bytes": reserved,
@@ -450,7 +491,7 @@ class ShardCache:
             "shards_evicted": counts.pop("evicted"),
             **counts,
             "storage_read_seconds": round(busy_s, 3),
-            "storage_read_rate_MBps": round(counts["storage_bytes_read"] / busy_s / 1e6, 1) if busy_s else 0.0,
+            "storage_read_rate_MBps": rate,
         }
 
     def close(self) -> None:

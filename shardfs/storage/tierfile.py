@@ -192,9 +192,15 @@ class TierFile:
 
     def write_chunk(self, chunk: int, data) -> None:
         """Data first, then its record (see the module's docstring)."""
-        crcs = checksums(data)
+        self.write_record(chunk, self.write_data(chunk, data))
+
+    def write_data(self, chunk: int, data) -> tuple[int, ...]:
+        """A chunk's bytes, not trusted until ``write_record`` writes the checksums returned."""
         if os.pwrite(self.fd, data, self.data_at + chunk * CHUNK) != len(data):
             raise OSError(errno.ENOSPC, "short write (disk full?)")
+        return checksums(data)
+
+    def write_record(self, chunk: int, crcs: tuple[int, ...]) -> None:
         os.pwrite(self.fd, RECORD.pack(RECORD_MAGIC, *crcs), HEADER + chunk * RECORD.size)
 
     def forget(self, offset: int, length: int) -> None:

@@ -96,9 +96,9 @@ _PR_SET_PDEATHSIG, _M_MMAP_THRESHOLD = 1, -3
 
 
 def _load_or_build(args):
-    path, index_dir, rebuild, columns = args
+    path, index_dir, rebuild, columns, keep = args
     try:
-        return index_store.load_or_build(path, index_dir, rebuild, columns)
+        return index_store.load_or_build(path, index_dir, rebuild, columns, keep)
     except OSError as exc:  # ShardIOError too: a shard unreachable (after retries), gone or changed
         return None, f"{path}: cannot read: {exc.strerror or exc}"
 
@@ -111,11 +111,13 @@ def _current(path: str, index_dir: str | None, columns: Columns):
 
 
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None,
-                 columns: Columns = Columns(), fetch_index=None):
+                 columns: Columns = Columns(), fetch_index=None, keep=None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (processes for local shards; threads for remote ones, which wait on the network).
     ``progress``: a progress.IndexProgress, told as each index is ready. ``fetch_index(path)``: the
-    shard's index from a peer (its owner built it), or None; tried before building one."""
+    shard's index from a peer (its owner built it), or None; tried before building one.
+    ``keep(shard)``: a context around each build that keeps what it reads in this process's caches
+    (storage/buildfill.py): builds then run in threads here (the scanner lets go of the GIL)."""
     done: dict[str, tuple] = {}
 
     def collect(pairs) -> None:
@@ -143,9 +145,12 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         todo = [p for p in paths if p not in done]
     # A local shard left over has no current index (it was just looked for): built without looking again,
     # unless asking peers may have stored one meanwhile (the shard fell to this node: built for all).
-    jobs = [(p, index_dir, rebuild or (not is_url(p) and fetch_index is None), columns) for p in todo]
+    jobs = [(p, index_dir, rebuild or (not is_url(p) and fetch_index is None), columns, keep) for p in todo]
     if any(is_url(p) for p in todo) and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=min(max(workers, 8), len(todo))) as pool:
+            collect(zip(todo, pool.map(_load_or_build, jobs)))
+    elif keep is not None and workers > 1 and len(todo) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(todo))) as pool:
             collect(zip(todo, pool.map(_load_or_build, jobs)))
     elif workers > 1 and len(todo) > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)), initializer=_index_worker,
@@ -168,13 +173,14 @@ def _from_peers(paths: list[str], fetch_index):
 
 def open_dataset(sources: list[str], index_dir: str | None = None, workers: int | None = None,
                  layout: layouts.ImageFolderLayout | None = None, progress=None,
-                 columns: Columns = Columns(), found: list[str] | None = None, fetch_index=None) -> Dataset:
+                 columns: Columns = Columns(), found: list[str] | None = None, fetch_index=None,
+                 keep=None) -> Dataset:
     """``layout``: None shows members as stored; see layouts.py for the imagefolder view.
     ``progress``: a progress.IndexProgress, told as each shard's index is ready. ``columns``: dataset
     files' image and label columns (formats/datafile.py). ``found``: the sources' shards, if
-    listed already. ``fetch_index``: see index_shards."""
+    listed already. ``fetch_index``, ``keep``: see index_shards."""
     return _assemble(find_shards(sources) if found is None else found, index_dir, workers, previous=None,
-                     layout=layout, progress=progress, columns=columns, fetch_index=fetch_index)
+                     layout=layout, progress=progress, columns=columns, fetch_index=fetch_index, keep=keep)
 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
@@ -223,7 +229,7 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
 
 def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
               layout: layouts.ImageFolderLayout | None = None, progress=None,
-              columns: Columns = Columns(), fetch_index=None) -> Dataset:
+              columns: Columns = Columns(), fetch_index=None, keep=None) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
@@ -245,7 +251,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     fresh = [p for p in paths if p not in entries]
     built = from_peers = 0
     for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns,
-                                      fetch_index=fetch_index):
+                                      fetch_index=fetch_index, keep=keep):
         if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
             ix = _stale_index(old[path])
             if ix is None:
