@@ -86,7 +86,7 @@ def members(columns: MemberColumns, cut: bytes | None) -> Members | None:
     if found is None:
         return None  # two folders of one hash (never seen: replay.py tells them apart)
     parent, dirs, dir_count, dir_hashes = found
-    if np.isin(hashes[files], np.concatenate([dir_hashes, np.frombuffer(columns.above, np.uint64)])).any():
+    if _any_in(hashes[files], np.concatenate([dir_hashes, np.frombuffer(columns.above, np.uint64)])):
         return None  # a file where a folder must be: tar -x cannot (replay.py says so)
     mtime = rows[:, MTIME].astype(np.float64)
     mtime[np.abs(mtime) > MAX_MTIME] = 0.0
@@ -100,6 +100,12 @@ def members(columns: MemberColumns, cut: bytes | None) -> Members | None:
 def _repeats(values: np.ndarray) -> bool:
     ordered = np.sort(values)
     return bool((ordered[1:] == ordered[:-1]).any())
+
+
+def _any_in(values: np.ndarray, among: np.ndarray) -> bool:
+    among = np.sort(among)
+    at = np.minimum(np.searchsorted(among, values), len(among) - 1)
+    return bool(len(among)) and bool((among[at] == values).any())
 
 
 def _normal_names(names: bytes, rows: np.ndarray, begins: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -121,13 +127,18 @@ def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def _folders(blob: bytes, starts: np.ndarray, rows: np.ndarray):
     """Each member's folder as an index into the distinct folders in order of first use, those
-    folders (NUL-separated), how many, and their path hashes; None where two folders of one hash
-    differ."""
+    folders (NUL-separated), how many, and their path hashes (sorted); None where two folders of
+    one hash differ."""
     hashes = rows[:, PARENT_HASH].view(np.uint64)
     ends = rows[:, PARENT_END]
     lengths = np.where(ends >= 0, ends - rows[:, NORM_START], 0)
-    distinct, first, which = np.unique(hashes, return_index=True, return_inverse=True)
-    which = which.reshape(-1)
+    by_hash = np.argsort(hashes, kind="stable")
+    ordered = hashes[by_hash]
+    new = np.ones(len(ordered), bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    first = by_hash[new]  # each hash's first member (stable sort)
+    which = np.empty(len(rows), np.intp)
+    which[by_hash] = np.cumsum(new) - 1
     order = np.argsort(first)
     rank = np.empty(len(order), np.uint32)
     rank[order] = np.arange(len(order), dtype=np.uint32)
@@ -145,7 +156,7 @@ def _folders(blob: bytes, starts: np.ndarray, rows: np.ndarray):
     taken = lengths[firsts] + 1
     dirs = data[_spans(starts[firsts], taken)]
     dirs[np.cumsum(taken) - 1] = 0
-    return rank[which], dirs[:-1].tobytes(), len(firsts), distinct[order]
+    return rank[which], dirs[:-1].tobytes(), len(firsts), ordered[new]
 
 
 def _labels(columns: MemberColumns, rows, blob: bytes, name_end: np.ndarray, files) -> tuple[np.ndarray, np.ndarray]:
