@@ -102,11 +102,15 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
     if fmt is None:
         raise ValueError(f"{shard.path}: not a known shard type")
     data_file = fmt.name in DATA_FORMATS
+    keeping = None
     try:
         if data_file:
             result = fmt.scan(shard, columns)
-        else:  # tar: its plain members as the compiled scanner's columns
-            result = fmt.scan(shard, columns=True) if getattr(fmt, "gives_columns", False) else fmt.scan(shard)
+        elif getattr(fmt, "gives_columns", False):  # tar: its plain members as the compiled scanner's columns
+            keeping = fingerprint.Keeping(shard)
+            result = fmt.scan(keeping, columns=True)
+        else:
+            result = fmt.scan(shard)
     except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
         result = ScanResult(members=[], warnings=[], error=str(exc))
     shown = shard.name
@@ -121,7 +125,7 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         shard_size=shard.size,
         shard_mtime_ns=shard.mtime_ns,
         shard_tag=getattr(shard, "tag", ""),
-        shard_fingerprint=fingerprint.of(shard),
+        shard_fingerprint=fingerprint.of(shard, keeping.kept if keeping else None),
         names=found.blob,
         name_end=found.name_end,
         kind=found.kind,
