@@ -14,7 +14,7 @@ import sys
 from benchlib.cli import REPO
 from conftest import needs_fuse, wait_for
 from shardfs.formats import tar
-from shardfs.index import shard_index, store
+from shardfs.index import index_file, shard_index, store
 from shardfs.storage.local import LocalShard
 from shardfs.view import dataset
 from tarcraft import archive, member
@@ -71,12 +71,14 @@ def _alive(pid: int) -> bool:
 
 
 @needs_fuse
-def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mount):
-    """The daemon stopped (SIGTERM: an unmount by its service, scancel) while its workers build
-    indexes: the workers end with it, no index is left half written, and the next mount serves."""
+def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mount):
+    """The daemon stopped (SIGTERM: an unmount by its service, scancel) while it builds indexes
+    (on its own threads: tar shards start no worker process): it ends, no index is left half
+    written, and the next mount serves."""
     src, idx = tmp_path / "src", tmp_path / "idx"
     src.mkdir()
-    for i in range(10):
+    shards = 30
+    for i in range(shards):
         _tiny_members_shard(src / f"s{i:02d}.tar", 40_000, i)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -84,31 +86,34 @@ def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mou
     daemon = subprocess.Popen([sys.executable, "-m", "shardfs", "mount", str(src), str(mnt), "-f", "--workers", "2",
                                "--index-dir", str(idx), "--log-file", str(tmp_path / "d.log")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers: list[int] = []
+    children: list[int] = []
     try:
         def building() -> bool:
-            workers[:] = [int(p) for p in open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
-            return len(workers) == 2 or daemon.poll() is not None
-        wait_for(building, "the daemon's two index workers")
-        assert daemon.poll() is None, "the daemon ended before its workers were seen"
+            saved = [n for n in os.listdir(src) if n.endswith(".shardfs-idx")]  # (beside the shards)
+            return bool(saved) or daemon.poll() is not None
+        wait_for(building, "the daemon's first index")
+        children[:] = [int(p) for p in open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
+        assert daemon.poll() is None, "the daemon ended before it was stopped"
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
-        wait_for(lambda: not any(_alive(p) for p in workers), "the workers to end with the daemon")
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        for pid in workers:  # (what the test is about: none is left when it passes)
+        for pid in children:  # (what the test is about: none is left when it passes)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    assert children == []  # built on threads
     assert not os.path.ismount(mnt)
-    saved = sorted(os.listdir(idx)) if idx.exists() else []
-    assert len([n for n in saved if n.endswith(".shardfs-idx")]) < 10  # stopped midway
-    assert all(n.endswith(".shardfs-idx") for n in saved), saved  # no temporary file left
+    saved = [src / n for n in os.listdir(src) if n.endswith(".shardfs-idx")]
+    saved += [idx / n for n in os.listdir(idx) if n.endswith(".shardfs-idx")] if idx.exists() else []
+    assert 0 < len(saved) < shards  # stopped midway
+    for path in saved:  # each whole (a temporary file of one being written may be left, never a half index)
+        assert len(index_file.load(str(path))) == 40_000
 
     m = mount(src, options=("--index-dir", str(idx)))
-    assert m.stats()["files"] == 10 * 40_000
-    for i in range(10):
+    assert m.stats()["files"] == shards * 40_000
+    for i in range(shards):
         assert open(os.path.join(m.path, f"c07/f{i:02d}-0000007.jpg"), "rb").read() == b"0000007"
 
 
