@@ -11,10 +11,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from benchlib.cli import REPO
-from conftest import needs_fuse, wait_for
+from conftest import force_unmount, needs_fuse, wait_for
 from shardfs.formats import tar
-from shardfs.index import index_file, shard_index, store
+from shardfs.index import fingerprint, index_file, shard_index, store
 from shardfs.storage.local import LocalShard
 from shardfs.view import dataset
 from tarcraft import archive, member
@@ -100,6 +102,8 @@ def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mo
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+        if str(mnt) in open("/proc/mounts").read():  # mounted before it was stopped (the test fails below)
+            force_unmount(str(mnt))
         for pid in children:  # (what the test is about: none is left when it passes)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -148,3 +152,19 @@ def test_a_shard_that_changes_during_its_build_gets_no_index(tmp_path, monkeypat
     monkeypatch.undo()
     [(_, ix, how)] = dataset.index_shards([str(changing)], str(tmp_path / "idx"), workers=1)
     assert how == "built" and len(ix) == 20_000 and ix.shard_size == os.path.getsize(changing)
+
+
+@pytest.mark.parametrize("count", [10, 2_500, 9_000])
+def test_a_build_fingerprints_the_shard_as_fingerprint_of(tmp_path, count):
+    """The build takes the fingerprint's windows from the scan's own reads where one holds a
+    window whole, and reads the others: the fingerprint is that of the shard's bytes either way
+    (a shard under 192 KiB; ~2.5 MB: one read; ~9 MB: the windows in several 4 MiB reads)."""
+    path = tmp_path / "s.tar"
+    _tiny_members_shard(path, count)
+    read = []
+    shard = LocalShard.open(str(path))
+    pread = shard.pread
+    shard.pread = lambda offset, length: read.append((offset, length)) or pread(offset, length)
+    ix = shard_index.build(shard)
+    assert ix.shard_fingerprint == fingerprint.of(LocalShard.open(str(path)))
+    assert len(read) == -(-os.path.getsize(path) // tar.CHUNK)  # the scan's reads, no other
