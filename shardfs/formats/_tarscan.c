@@ -216,6 +216,20 @@ static void normal_span(const unsigned char *name, size_t len, int64_t *start, i
     *end = (int64_t)stop;
 }
 
+enum { SEEN_SLOTS = 1024 };
+typedef struct {
+    size_t at, len; /* in names */
+    uint64_t hash;
+    int used;
+} Seen;
+
+static uint32_t fnv(const unsigned char *data, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 16777619u;
+    return h;
+}
+
 /* Parses from chunk[pos]; returns the reason it stopped and sets *stop. */
 static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t base, int64_t shard_size,
                  int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, Buf *above, size_t *stop, int *failed) {
@@ -224,6 +238,10 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
     size_t prev_at = 0, prev_len = 0;
     uint64_t prev_hash = 0;
     int have_prev = 0;
+    /* parents seen in this call (direct-mapped): one folder's members apart from each other
+     * (a shuffled shard of many classes) hash it once; its folders above were emitted then */
+    Seen seen[SEEN_SLOTS];
+    memset(seen, 0, sizeof seen);
     size_t limit = len;
     if (shard_size - base < (int64_t)limit)
         limit = shard_size - base < 0 ? 0 : (size_t)(shard_size - base);
@@ -302,10 +320,18 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
                     break;
                 }
             size_t parent_at = (size_t)(norm - (const unsigned char *)names->data);
+            Seen *slot = NULL;
             if (have_prev && parent_len == prev_len && memcmp(names->data + prev_at, norm, parent_len) == 0)
                 parent_hash = prev_hash;
+            else if ((slot = &seen[fnv(norm, parent_len) % SEEN_SLOTS])->used && slot->len == parent_len &&
+                     memcmp(names->data + slot->at, norm, parent_len) == 0)
+                parent_hash = slot->hash;
             else {
                 parent_hash = path_hash(norm, parent_len);
+                slot->at = parent_at;
+                slot->len = parent_len;
+                slot->hash = parent_hash;
+                slot->used = 1;
                 /* the folders above it, but those the previous parent had too (or was) */
                 const char *prev = names->data + prev_at;
                 int shared = have_prev;
