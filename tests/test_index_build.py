@@ -72,6 +72,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def finished(folder) -> list:
+    """The indexes saved in a folder (atomic_file's temporary files are ".tmp-*NAME")."""
+    return [folder / n for n in os.listdir(folder) if n.endswith(".shardfs-idx") and not n.startswith(".tmp-")]
+
+
 @needs_fuse
 def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mount):
     """The daemon stopped (SIGTERM: an unmount by its service, scancel) while it builds indexes
@@ -91,8 +96,7 @@ def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mo
     children: list[int] = []
     try:
         def building() -> bool:
-            saved = [n for n in os.listdir(src) if n.endswith(".shardfs-idx")]  # (beside the shards)
-            return bool(saved) or daemon.poll() is not None
+            return bool(finished(src)) or daemon.poll() is not None  # (saved beside the shards)
         wait_for(building, "the daemon's first index")
         children[:] = [int(p) for p in open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
         assert daemon.poll() is None, "the daemon ended before it was stopped"
@@ -109,10 +113,9 @@ def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mo
                 os.kill(pid, signal.SIGKILL)
     assert children == []  # built on threads
     assert not os.path.ismount(mnt)
-    saved = [src / n for n in os.listdir(src) if n.endswith(".shardfs-idx")]
-    saved += [idx / n for n in os.listdir(idx) if n.endswith(".shardfs-idx")] if idx.exists() else []
+    saved = finished(src) + (finished(idx) if idx.exists() else [])
     assert 0 < len(saved) < shards  # stopped midway
-    for path in saved:  # each whole (a temporary file of one being written may be left, never a half index)
+    for path in saved:  # each whole: never a half index under an index's name
         assert len(index_file.load(str(path))) == 40_000
 
     m = mount(src, options=("--index-dir", str(idx)))
