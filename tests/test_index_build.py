@@ -11,10 +11,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from benchlib.cli import REPO
-from conftest import needs_fuse, wait_for
+from conftest import force_unmount, needs_fuse, wait_for
 from shardfs.formats import tar
-from shardfs.index import shard_index, store
+from shardfs.index import fingerprint, index_file, shard_index, store
 from shardfs.storage.local import LocalShard
 from shardfs.view import dataset
 from tarcraft import archive, member
@@ -70,13 +72,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def finished(folder) -> list:
+    """The indexes saved in a folder (atomic_file's temporary files are ".tmp-*NAME")."""
+    return [folder / n for n in os.listdir(folder) if n.endswith(".shardfs-idx") and not n.startswith(".tmp-")]
+
+
 @needs_fuse
-def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mount):
-    """The daemon stopped (SIGTERM: an unmount by its service, scancel) while its workers build
-    indexes: the workers end with it, no index is left half written, and the next mount serves."""
+def test_a_build_stopped_midway_leaves_no_process_and_no_half_index(tmp_path, mount):
+    """The daemon stopped (SIGTERM: an unmount by its service, scancel) while it builds indexes
+    (on its own threads: tar shards start no worker process): it ends, no index is left half
+    written, and the next mount serves."""
     src, idx = tmp_path / "src", tmp_path / "idx"
     src.mkdir()
-    for i in range(10):
+    shards = 30
+    for i in range(shards):
         _tiny_members_shard(src / f"s{i:02d}.tar", 40_000, i)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -87,31 +96,34 @@ def test_a_build_stopped_midway_leaves_no_worker_and_no_half_index(tmp_path, mou
                                "--cache-size", "1M",
                                "--index-dir", str(idx), "--log-file", str(tmp_path / "d.log")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers: list[int] = []
+    children: list[int] = []
     try:
         def building() -> bool:
-            workers[:] = [int(p) for p in open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
-            return len(workers) == 2 or daemon.poll() is not None
-        wait_for(building, "the daemon's two index workers")
-        assert daemon.poll() is None, "the daemon ended before its workers were seen"
+            return bool(finished(src)) or daemon.poll() is not None  # (saved beside the shards)
+        wait_for(building, "the daemon's first index")
+        children[:] = [int(p) for p in open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
+        assert daemon.poll() is None, "the daemon ended before it was stopped"
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
-        wait_for(lambda: not any(_alive(p) for p in workers), "the workers to end with the daemon")
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        for pid in workers:  # (what the test is about: none is left when it passes)
+        if str(mnt) in open("/proc/mounts").read():  # mounted before it was stopped (the test fails below)
+            force_unmount(str(mnt))
+        for pid in children:  # (what the test is about: none is left when it passes)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    assert children == []  # built on threads
     assert not os.path.ismount(mnt)
-    saved = sorted(os.listdir(idx)) if idx.exists() else []
-    assert len([n for n in saved if n.endswith(".shardfs-idx")]) < 10  # stopped midway
-    assert all(n.endswith(".shardfs-idx") for n in saved), saved  # no temporary file left
+    saved = finished(src) + (finished(idx) if idx.exists() else [])
+    assert 0 < len(saved) < shards  # stopped midway
+    for path in saved:  # each whole: never a half index under an index's name
+        assert len(index_file.load(str(path))) == 40_000
 
     m = mount(src, options=("--index-dir", str(idx)))
-    assert m.stats()["files"] == 10 * 40_000
-    for i in range(10):
+    assert m.stats()["files"] == shards * 40_000
+    for i in range(shards):
         assert open(os.path.join(m.path, f"c07/f{i:02d}-0000007.jpg"), "rb").read() == b"0000007"
 
 
@@ -146,3 +158,19 @@ def test_a_shard_that_changes_during_its_build_gets_no_index(tmp_path, monkeypat
     monkeypatch.undo()
     [(_, ix, how)] = dataset.index_shards([str(changing)], str(tmp_path / "idx"), workers=1)
     assert how == "built" and len(ix) == 20_000 and ix.shard_size == os.path.getsize(changing)
+
+
+@pytest.mark.parametrize("count", [10, 2_500, 9_000])
+def test_a_build_fingerprints_the_shard_as_fingerprint_of(tmp_path, count):
+    """The build takes the fingerprint's windows from the scan's own reads where one holds a
+    window whole, and reads the others: the fingerprint is that of the shard's bytes either way
+    (a shard under 192 KiB; ~2.5 MB: one read; ~9 MB: the windows in several 4 MiB reads)."""
+    path = tmp_path / "s.tar"
+    _tiny_members_shard(path, count)
+    read = []
+    shard = LocalShard.open(str(path))
+    pread = shard.pread
+    shard.pread = lambda offset, length: read.append((offset, length)) or pread(offset, length)
+    ix = shard_index.build(shard)
+    assert ix.shard_fingerprint == fingerprint.of(LocalShard.open(str(path)))
+    assert len(read) == -(-os.path.getsize(path) // tar.CHUNK)  # the scan's reads, no other

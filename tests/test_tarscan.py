@@ -21,6 +21,7 @@ from test_fuzz_tar_writers import FUZZ, MemorySource, _header_offsets, edits, mu
 from shardfs.formats import tar
 from shardfs.formats import tarcolumns
 from shardfs.formats.tar import TarFormat
+from shardfs.index import names as names_module
 from shardfs.index import plain, shard_index
 
 PLAIN = TarFormat(compiled=False)
@@ -249,3 +250,69 @@ def test_the_scanner_hashes_names_as_path_hash(names):
         name = result.columns.names[begin + row[tarcolumns.NORM_START] : begin + row[tarcolumns.NORM_END]]
         assert int(row[tarcolumns.HASH:tarcolumns.HASH + 1].view(np.uint64)[0]) == shard_index.path_hash(name)
     assert normal.sum() >= len([n for n in names if not n.startswith(b".") and b"/." not in n])
+
+
+@settings(max_examples=200, **FUZZ)
+@given(names=st.lists(st.lists(st.sampled_from([b"a", b"b", b".", b"x" * 130, b"\xe9"]), min_size=1, max_size=5)
+                      .map(b"/".join).map(lambda n: n if len(n) <= 100 else n[:100]), min_size=1, max_size=25),
+       dot_slash=st.booleans(), chunk=st.sampled_from([tar.CHUNK, 1024, 2048 + 512]))
+def test_the_scanner_gives_parents_and_the_folders_above(names, dot_slash, chunk):
+    """Each normal name's parent folder (where it ends, its path_hash) and the hashes of the
+    folders above the parents are those of names.parent_of and path_hash on the name: plain.py
+    groups folders and finds files where a folder must be by them. Members of one folder come
+    together and apart, and chunk ends fall between them (the scanner leaves out folders the
+    previous member's parent had)."""
+    data = archive(*(member((b"./" if dot_slash else b"") + n, b"x") for n in names))
+    result = TarFormat(chunk=chunk).scan(MemorySource(data), columns=True)
+    if result.columns is None:
+        return  # a member the plain scanner reads (none of these names needs it, but a cut may)
+    columns = result.columns
+    rows = columns.rows
+    begins = np.concatenate([[0], rows[:-1, tarcolumns.NAME_END]])
+    normal = rows[:, tarcolumns.NORM_START] >= 0
+    assert normal.any() or not any(b"." not in n.split(b"/") for n in names)
+    want_folders = set()
+    for row, begin in zip(rows[normal], begins[normal]):
+        name = columns.names[begin + row[tarcolumns.NORM_START] : begin + row[tarcolumns.NORM_END]]
+        parent = names_module.parent_of(name)
+        end = row[tarcolumns.PARENT_END]
+        assert (columns.names[begin + row[tarcolumns.NORM_START] : begin + end] if end >= 0 else b"") == parent
+        assert int(row[tarcolumns.PARENT_HASH:].view(np.uint64)[0]) == shard_index.path_hash(parent)
+        parts = name.split(b"/")
+        want_folders |= {shard_index.path_hash(b"/".join(parts[:i])) for i in range(1, len(parts) - 1)}
+    above = set(np.frombuffer(columns.above, np.uint64).tolist())
+    parents = set(rows[normal, tarcolumns.PARENT_HASH].view(np.uint64).tolist())
+    assert above <= want_folders and want_folders <= above | parents
+
+
+def _plain_columns(*members):
+    return TarFormat().scan(MemorySource(archive(*members)), columns=True).columns
+
+
+def _with_hashes(columns, field: int, rows: list[int], value: int):
+    changed = columns.rows.copy()
+    changed[rows, field] = np.array([value], np.uint64).view(np.int64)[0]
+    return tarcolumns.MemberColumns(columns.names, changed, columns.links, columns.smalls, columns.above)
+
+
+def test_equal_hashes_go_to_replay():
+    """plain.members tells names and folders apart by hash only where the hashes differ: two
+    names of one hash (another name twice, or a collision), a file whose hash is a folder's, or
+    two folders of one hash leave the shard to replay.py, which compares the names themselves."""
+    columns = _plain_columns(member(b"a/x", b"1"), member(b"b/y", b"2"), member(b"c/d/z", b"3"))
+    assert plain.members(columns, None) is not None
+    assert plain.members(_with_hashes(columns, tarcolumns.HASH, [0, 2], 42), None) is None
+    folder_d = shard_index.path_hash(b"c/d")
+    assert plain.members(_with_hashes(columns, tarcolumns.HASH, [1], folder_d), None) is None
+    folder_c = shard_index.path_hash(b"c")  # a folder above a parent (the scanner's above)
+    assert plain.members(_with_hashes(columns, tarcolumns.HASH, [1], folder_c), None) is None
+    assert plain.members(_with_hashes(columns, tarcolumns.PARENT_HASH, [0, 1], 42), None) is None
+
+
+def test_folders_from_columns_in_order_of_first_use():
+    columns = _plain_columns(member(b"b/x", b"1"), member(b"top", b"2"), member(b"a/y", b"3"), member(b"b/z", b"4"),
+                             member(b"a/c/w", b"5"))
+    found = plain.members(columns, None)
+    assert found.dirs.split(b"\0") == [b"b", b"", b"a", b"a/c"] and found.dir_count == 4
+    assert found.parent.tolist() == [0, 1, 2, 0, 3]
+    assert found.blob == b"b/xtopa/yb/za/c/w" and found.name_end.tolist() == [3, 6, 9, 12, 17]

@@ -9,11 +9,13 @@
  * keep exactly its semantics. It also stops where the chunk ends (where a member's data goes past
  * the chunk, or a small member's data is not all in it).
  *
- * Returns (stop, reason, names, numbers, links, smalls): stop is where it stopped, as an offset
+ * Returns (stop, reason, names, numbers, links, smalls, above): stop is where it stopped, as an offset
  * into the chunk (past its end when the last member's data goes on after it); reason is 0 where
  * the chunk ended, 1 before a header to read the plain way; numbers holds NFIELDS int64 per member
  * (see below); names, links and smalls hold back to back the names (ustar prefix joined), link
- * targets and the data of files of at most small_max bytes (kept: labels).
+ * targets and the data of files of at most small_max bytes (kept: labels); above holds the path
+ * hashes (uint64) of the folders above the members' parents (every "/"-prefix of a normal name
+ * shorter than its parent folder), each at least once (index/plain.py: no file where a folder must be).
  * The parse runs without the GIL (the chunk is an immutable bytes object the call holds).
  *
  * Limited API (3.10): one abi3 build serves every Python from 3.10. */
@@ -27,9 +29,11 @@
 
 #define BLOCK 512
 /* per member: name end, where its normal form starts and ends in it (see normal_span), kind,
- * data offset, size, mode, mtime, link end, kept data end, the normal form's path hash */
+ * data offset, size, mode, mtime, link end, kept data end, the normal form's path hash, where its
+ * parent folder ends in the name (the normal form's last "/"; NOT_NORMAL where it has none: the
+ * root) and the parent's path hash (of "" for the root; 0 where the name is not normal) */
 enum { F_NAME_END, F_NORM_START, F_NORM_END, F_KIND, F_OFFSET, F_SIZE, F_MODE, F_MTIME, F_LINK_END, F_SMALL_END,
-       F_HASH, NFIELDS };
+       F_HASH, F_PARENT_END, F_PARENT_HASH, NFIELDS };
 enum { NOT_NORMAL = -1, ROOT = -2 };
 #define MAX_NAME 255 /* names.py */
 #define MAX_PATH 4095
@@ -212,10 +216,32 @@ static void normal_span(const unsigned char *name, size_t len, int64_t *start, i
     *end = (int64_t)stop;
 }
 
+enum { SEEN_SLOTS = 1024 };
+typedef struct {
+    size_t at, len; /* in names */
+    uint64_t hash;
+    int used;
+} Seen;
+
+static uint32_t fnv(const unsigned char *data, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 16777619u;
+    return h;
+}
+
 /* Parses from chunk[pos]; returns the reason it stopped and sets *stop. */
 static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t base, int64_t shard_size,
-                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, size_t *stop, int *failed) {
+                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, Buf *above, size_t *stop, int *failed) {
     /* headers beyond the shard's end (a chunk is never longer than the shard) are not read */
+    /* the previous member's parent (in names): members of one folder often come together */
+    size_t prev_at = 0, prev_len = 0;
+    uint64_t prev_hash = 0;
+    int have_prev = 0;
+    /* parents seen in this call (direct-mapped): one folder's members apart from each other
+     * (a shuffled shard of many classes) hash it once; its folders above were emitted then */
+    Seen seen[SEEN_SLOTS];
+    memset(seen, 0, sizeof seen);
     size_t limit = len;
     if (shard_size - base < (int64_t)limit)
         limit = shard_size - base < 0 ? 0 : (size_t)(shard_size - base);
@@ -282,6 +308,52 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
                                                            (size_t)(row[F_NORM_END] - row[F_NORM_START]))
                                                : 0;
         memcpy(&row[F_HASH], &hash, sizeof hash);
+        uint64_t parent_hash = 0;
+        row[F_PARENT_END] = NOT_NORMAL;
+        if (row[F_NORM_START] >= 0) {
+            const unsigned char *norm = (const unsigned char *)names->data + name_at + row[F_NORM_START];
+            size_t norm_len = (size_t)(row[F_NORM_END] - row[F_NORM_START]), parent_len = 0;
+            for (size_t i = norm_len; i > 0; i--)
+                if (norm[i - 1] == '/') {
+                    parent_len = i - 1;
+                    row[F_PARENT_END] = row[F_NORM_START] + (int64_t)parent_len;
+                    break;
+                }
+            size_t parent_at = (size_t)(norm - (const unsigned char *)names->data);
+            Seen *slot = NULL;
+            if (have_prev && parent_len == prev_len && memcmp(names->data + prev_at, norm, parent_len) == 0)
+                parent_hash = prev_hash;
+            else if ((slot = &seen[fnv(norm, parent_len) % SEEN_SLOTS])->used && slot->len == parent_len &&
+                     memcmp(names->data + slot->at, norm, parent_len) == 0)
+                parent_hash = slot->hash;
+            else {
+                parent_hash = path_hash(norm, parent_len);
+                slot->at = parent_at;
+                slot->len = parent_len;
+                slot->hash = parent_hash;
+                slot->used = 1;
+                /* the folders above it, but those the previous parent had too (or was) */
+                const char *prev = names->data + prev_at;
+                int shared = have_prev;
+                for (size_t i = 0; i < parent_len; i++) {
+                    if (norm[i] != '/')
+                        continue;
+                    shared = shared && i <= prev_len && (i == prev_len || prev[i] == '/') && memcmp(prev, norm, i) == 0;
+                    if (shared)
+                        continue;
+                    uint64_t folder = path_hash(norm, i);
+                    if (buf_add(above, &folder, sizeof folder)) {
+                        *failed = 1;
+                        return STOP_PLAIN_WAY;
+                    }
+                }
+            }
+            prev_at = parent_at;
+            prev_len = parent_len;
+            prev_hash = parent_hash;
+            have_prev = 1;
+        }
+        memcpy(&row[F_PARENT_HASH], &parent_hash, sizeof parent_hash);
         if (buf_add(numbers, row, sizeof row)) {
             *failed = 1;
             return STOP_PLAIN_WAY;
@@ -304,30 +376,31 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "start outside the chunk");
         return NULL;
     }
-    Buf names = {0}, numbers = {0}, links = {0}, smalls = {0};
+    Buf names = {0}, numbers = {0}, links = {0}, smalls = {0}, above = {0};
     size_t stop = 0;
     int failed = 0, reason;
     Py_BEGIN_ALLOW_THREADS
     reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
-                   &names, &numbers, &links, &smalls, &stop, &failed);
+                   &names, &numbers, &links, &smalls, &above, &stop, &failed);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (failed)
         PyErr_NoMemory();
     else
-        result = Py_BuildValue("(niy#y#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
+        result = Py_BuildValue("(niy#y#y#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
                                (Py_ssize_t)names.len, numbers.data ? numbers.data : "", (Py_ssize_t)numbers.len,
                                links.data ? links.data : "", (Py_ssize_t)links.len, smalls.data ? smalls.data : "",
-                               (Py_ssize_t)smalls.len);
+                               (Py_ssize_t)smalls.len, above.data ? above.data : "", (Py_ssize_t)above.len);
     free(smalls.data);
     free(names.data);
     free(numbers.data);
     free(links.data);
+    free(above.data);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls)."},
+    {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls, above)."},
     {NULL, NULL, 0, NULL},
 };
 

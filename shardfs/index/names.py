@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from shardfs.errors import ShardfsError
 
 MAX_NAME = 255  # NAME_MAX of Linux: a longer component cannot be looked up anyway
@@ -48,6 +52,17 @@ def strip_climb(raw: bytes) -> tuple[bytes, bytes]:
         return raw, b""
     rest = parts[last + 1 :]
     return b"/".join(rest), b"/".join(parts[: last + 1]) + (b"/" if rest else b"")
+
+
+def path_hash(path: bytes) -> int:
+    """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``; _tarscan.c has it too)."""
+    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+def path_hashes(paths: list[bytes]) -> np.ndarray:
+    """path_hash of each, at once (a million names: a second less than one call each)."""
+    blake2b = hashlib.blake2b
+    return np.frombuffer(b"".join([blake2b(p, digest_size=8).digest() for p in paths]), "<u8").astype(np.uint64)
 
 
 def show(name: bytes) -> str:

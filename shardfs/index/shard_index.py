@@ -9,7 +9,6 @@ beside a remote object is checked against that object.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import numpy as np
 
 from shardfs.index import fingerprint, labels
 from shardfs.index import plain, replay
+from shardfs.index.names import path_hash, path_hashes  # noqa: F401 (this module's names for them)
 from shardfs.formats import DATA_FORMATS, ShardFormatError, format_for
 from shardfs.formats.datafile import Columns
 from shardfs.formats.base import Kind, ScanResult, Window
@@ -27,17 +27,6 @@ from shardfs.storage.base import Shard
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".shardfs-idx"
-
-
-def path_hash(path: bytes) -> int:
-    """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
-
-
-def path_hashes(paths: list[bytes]) -> np.ndarray:
-    """path_hash of each, at once (a million names: a second less than one call each)."""
-    blake2b = hashlib.blake2b
-    return np.frombuffer(b"".join([blake2b(p, digest_size=8).digest() for p in paths]), "<u8").astype(np.uint64)
 
 
 class SplitOnUse(Sequence[bytes]):
@@ -113,11 +102,15 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
     if fmt is None:
         raise ValueError(f"{shard.path}: not a known shard type")
     data_file = fmt.name in DATA_FORMATS
+    keeping = None
     try:
         if data_file:
             result = fmt.scan(shard, columns)
-        else:  # tar: its plain members as the compiled scanner's columns
-            result = fmt.scan(shard, columns=True) if getattr(fmt, "gives_columns", False) else fmt.scan(shard)
+        elif getattr(fmt, "gives_columns", False):  # tar: its plain members as the compiled scanner's columns
+            keeping = fingerprint.Keeping(shard)
+            result = fmt.scan(keeping, columns=True)
+        else:
+            result = fmt.scan(shard)
     except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
         result = ScanResult(members=[], warnings=[], error=str(exc))
     shown = shard.name
@@ -127,24 +120,22 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         if result.columns is not None:
             result.members = list(result.columns.records())
         found = _replayed(shard, fmt, result, data_file, lambda line: warnings.append(f"{shown}: {line}"))
-    dir_ids = {folder: i for i, folder in enumerate(dict.fromkeys(found.parents))}
-    parent = np.fromiter(map(dir_ids.__getitem__, found.parents), np.uint32, len(found.parents))
     return ShardIndex(
         format=fmt.name,
         shard_size=shard.size,
         shard_mtime_ns=shard.mtime_ns,
         shard_tag=getattr(shard, "tag", ""),
-        shard_fingerprint=fingerprint.of(shard),
-        names=b"".join(found.names),
-        name_end=np.cumsum([len(n) for n in found.names], dtype=np.int64),
+        shard_fingerprint=fingerprint.of(shard, keeping.kept if keeping else None),
+        names=found.blob,
+        name_end=found.name_end,
         kind=found.kind,
         offset=found.offset,
         size=found.size,
         mode=found.mode,
         mtime=found.mtime,
-        hash=found.hashes if found.hashes is not None else path_hashes(found.names),
-        parent=parent,
-        dirs=SplitOnUse(b"\0".join(dir_ids), len(dir_ids)),  # one object, also when pickled back from a worker
+        hash=found.hashes,
+        parent=found.parent,
+        dirs=SplitOnUse(found.dirs, found.dir_count),  # one object, also when pickled back from a worker
         symlinks=found.symlinks,
         sparse=found.sparse,
         warnings=warnings,
@@ -171,7 +162,7 @@ def _replayed(shard: Shard, fmt, result: ScanResult, data_file: bool, warn) -> p
             cls_member, cls_value = _read_labels(shard, fmt, members, wanted, offsets, sizes)
         except ShardFormatError as exc:
             warn(f"cannot read its .cls labels: {exc}")
-    return plain.Members(
+    return plain.Members.listed(
         [rec.path for rec in members], np.array([rec.kind for rec in members], dtype=np.uint8), offsets, sizes,
         np.array([rec.mode for rec in members], dtype=np.uint16), np.array([rec.mtime for rec in members], dtype=np.float64),
         cls_member, cls_value, symlinks={i: rec.link for i, rec in enumerate(members) if rec.kind == Kind.SYMLINK},
