@@ -55,6 +55,7 @@ def test_members_by_hash_are_sorted_also_when_top_bits_tie():
     hashes = rng.integers(0, 2**64, 5000, dtype=np.uint64)
     hashes[:2000] &= np.uint64(0xFFFF_0000_0000_0FFF)  # the key's top bits tie often, the low ones differ
     ids = np.flatnonzero(rng.random(5000) < 0.8).astype(np.uint32)
-    ordered = tree._by_hash(ids, hashes)
+    ordered, found = tree._by_hash(ids, hashes)
     assert sorted(ordered.tolist()) == ids.tolist()
     assert (hashes[ordered][1:] >= hashes[ordered][:-1]).all()
+    assert found.tolist() == hashes[ordered].tolist()

@@ -125,7 +125,7 @@ def _read(f, size: int) -> ShardIndex:
     body_len = size - _HEADER.size - names_len
     if body_len < meta_len:
         raise ValueError(f"{size} bytes: too short for its header")
-    body = bytearray(body_len)
+    body = np.empty(body_len, np.uint8)  # not zeroed first, as a bytearray would be
     if f.readinto(body) != body_len:
         raise ValueError("the file changed while it was read")
     names = f.read(names_len)
@@ -147,6 +147,8 @@ def sparse_tables(maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
 
 def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict[int, np.ndarray]:
     """ValueError unless the tables agree with each other."""
+    if not (len(members) or len(ends) or len(runs)):
+        return {}
     if len(members) != len(ends) or (len(ends) and (int(ends[-1]) * 2 != len(runs) or (np.diff(ends) <= 0).any()
                                                      or int(ends[0]) <= 0)):
         raise ValueError("its sparse tables do not match")
@@ -155,8 +157,8 @@ def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict
     return {m: table[a:b] for m, a, b in zip(members.tolist(), starts.tolist(), ends.tolist())}
 
 
-def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
-    meta = json.loads(bytes(body[:meta_len]))
+def _parse(body: np.ndarray, meta_len: int, names: bytes) -> ShardIndex:
+    meta = json.loads(body[:meta_len].tobytes())
     pos = meta_len + _pad(meta_len)
     arrays = {}
     for name, dtype, count in meta["arrays"]:

@@ -131,6 +131,8 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         # (Read in 4 threads, a 4M-member remount kept 50-75 MB more resident: glibc's per-thread
         # heaps, for no measurable gain at 2 cores.)
         local = [p for p in paths if not is_url(p)]
+        if hasattr(os, "posix_fadvise"):
+            index_store.prefetch(local, index_dir)
         loaded = [(p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns) for p in local))
                   if ix is not None]
     have = {p for p, _ in loaded}
