@@ -24,6 +24,7 @@ after damage).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -157,14 +158,21 @@ def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict
     return {m: table[a:b] for m, a, b in zip(members.tolist(), starts.tolist(), ends.tolist())}
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype(text: str) -> np.dtype:
+    return np.dtype(text)
+
+
 def _parse(body: np.ndarray, meta_len: int, names: bytes) -> ShardIndex:
     meta = json.loads(body[:meta_len].tobytes())
     pos = meta_len + _pad(meta_len)
     arrays = {}
     for name, dtype, count in meta["arrays"]:
         # Views of the body, not copies: the tree concatenates them and drops the body.
-        arrays[name] = np.frombuffer(body, dtype=np.dtype(dtype), count=count, offset=pos)
-        pos += arrays[name].nbytes + _pad(arrays[name].nbytes)
+        dt = _dtype(dtype)
+        arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=pos)
+        nbytes = arrays[name].nbytes  # (not count * itemsize: a count of -1 means "the rest")
+        pos += nbytes + _pad(nbytes)
     if pos != len(body):
         raise ValueError(f"a body of {len(body)} bytes, its tables account for {pos}")
     dirs = SplitOnUse(arrays.pop("dirs").tobytes(), meta["ndirs"])

@@ -167,6 +167,7 @@ void file_buffer_done(char *p, size_t need);
 /* table.c */
 void node_path(const Table *t, uint32_t n, const char **p, size_t *len);
 void base_name(const Table *t, uint32_t n, const char **p, size_t *len);
+void child_name(const Table *t, uint32_t d, uint32_t n, const char **p, size_t *len);
 int64_t resolve(const Table *t, fuse_ino_t ino);
 void mark_unread(Table *t, uint32_t n);
 int take_unread(Table *t, uint32_t n);

@@ -267,7 +267,7 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
             len = strlen(name);
         } else {
             n = t->children[first + (uint32_t)(i - 2)];
-            base_name(t, n, &name, &len);
+            child_name(t, (uint32_t)d, n, &name, &len);
         }
         if (len >= sizeof namebuf)
             continue; /* no name this long can be listed; the index refuses them anyway */

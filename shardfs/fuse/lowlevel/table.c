@@ -25,6 +25,21 @@ void base_name(const Table *t, uint32_t n, const char **p, size_t *len) {
     *len = plen - (size_t)(*p - path);
 }
 
+/* The name of node n within its directory d: its path past d's and a slash (d's length is at
+ * hand; searching the path for its last slash touched each name once more). */
+void child_name(const Table *t, uint32_t d, uint32_t n, const char **p, size_t *len) {
+    const char *path;
+    size_t plen;
+    node_path(t, n, &path, &plen);
+    size_t skip = d ? (size_t)(t->dir_name_end[d] - t->dir_name_end[d - 1]) + 1 : 0;
+    if (skip > plen || (skip && path[skip - 1] != '/')) {
+        base_name(t, n, p, len); /* (not a child of d: never, the table is built so) */
+        return;
+    }
+    *p = path + skip;
+    *len = plen - skip;
+}
+
 static int compare_names(const char *a, size_t alen, const char *b, size_t blen) {
     int c = memcmp(a, b, alen < blen ? alen : blen);
     return c ? c : (alen > blen) - (alen < blen);
@@ -76,8 +91,14 @@ static int sort_children(Table *t, uint32_t ndirs) {
             continue;
         size_t skip = 0;
         for (uint32_t i = 0; i < n; i++) {
+            if (i + 16 < n) { /* the names are far apart in memory: ask for them ahead */
+                const char *ahead;
+                size_t unused;
+                node_path(t, t->children[lo + i + 16], &ahead, &unused);
+                __builtin_prefetch(ahead);
+            }
             named[i].node = t->children[lo + i];
-            base_name(t, named[i].node, &named[i].name, &named[i].len);
+            child_name(t, d, named[i].node, &named[i].name, &named[i].len);
             size_t same = 0, most_same = skip < named[i].len ? skip : named[i].len;
             if (i == 0)
                 most_same = named[i].len;
@@ -138,7 +159,7 @@ int64_t find_child(const Table *t, uint32_t d, const char *name) {
         uint32_t mid = lo + (hi - lo) / 2;
         const char *b;
         size_t blen;
-        base_name(t, t->children[mid], &b, &blen);
+        child_name(t, d, t->children[mid], &b, &blen);
         int c = compare_names(b, blen, name, len);
         if (c == 0)
             return t->children[mid];
