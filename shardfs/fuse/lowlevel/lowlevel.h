@@ -139,6 +139,7 @@ typedef struct {
     Counter disk_cached_reads;     /* disk-tier answers and pushes copied from the tier's page cache */
     Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
     int push;
+    int readdirplus; /* asked of the kernel at init (0: plain READDIR, for comparisons) */
 } Session;
 
 #define COUNT(s, op) atomic_fetch_add_explicit(&(s)->counts[op].n, 1, memory_order_relaxed)
