@@ -66,10 +66,9 @@ class Dataset:
     def as_stored(self) -> np.ndarray:
         """Per shard, whether its members in the tree are byte ranges of it as stored (the compiled
         loop copies those from the cached shard; the others go through their layout in Python)."""
-        tree = self.tree
-        order = np.argsort(tree.shard, kind="stable")
-        starts = np.searchsorted(tree.shard[order], np.arange(len(self.shards) + 1))
-        return np.array([format_for(s.path).as_stored(tree.offset[order[starts[i]:starts[i + 1]]])
+        tree = self.tree  # its members come shard after shard (Tree._merge)
+        starts = np.searchsorted(tree.shard, np.arange(len(self.shards) + 1))
+        return np.array([format_for(s.path).as_stored(tree.offset[starts[i]:starts[i + 1]])
                          for i, s in enumerate(self.shards)], bool)
 
     def __post_init__(self) -> None:
