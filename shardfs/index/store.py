@@ -17,6 +17,7 @@ import threading
 from shardfs.dirs import cache_dir
 from shardfs.index import fingerprint
 from shardfs.index.index_file import OutdatedIndex, load, save
+from shardfs.index.member_columns import MemberColumns
 from shardfs.formats import DATA_FORMATS
 from shardfs.formats.datafile import Columns
 from shardfs.index.shard_index import INDEX_SUFFIX, ShardIndex, build
@@ -53,6 +54,19 @@ def _realpath(path: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _real_dir(path: str) -> str:
     return os.path.realpath(path)
+
+
+def stored_bytes(shard_paths: list[str], index_dir: str | None = None) -> int:
+    """The size of the index files the shards have (the first candidate found of each)."""
+    total = 0
+    for shard in shard_paths:
+        for path in candidate_paths(shard, index_dir):
+            try:
+                total += os.stat(path).st_size
+                break
+            except OSError:
+                continue
+    return total
 
 
 def prefetch(shard_paths: list[str], index_dir: str | None = None) -> threading.Thread:
@@ -96,9 +110,9 @@ def _left_out_what_we_serve(index: ShardIndex) -> bool:
     return index.legacy and (bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings))
 
 
-def _try_load(path, shown: str | None = None) -> ShardIndex | None:
+def _try_load(path, shown: str | None = None, columns: MemberColumns | None = None) -> ShardIndex | None:
     try:
-        index = load(path)
+        index = load(path, columns)
         if _left_out_what_we_serve(index):
             raise OutdatedIndex("an index of an older version that left members out")
         return index
@@ -199,12 +213,13 @@ def _not_describing(index: ShardIndex, obj, columns: Columns = Columns()) -> str
     return None if now == index.shard_fingerprint else "its fingerprint differs from the object's bytes"
 
 
-def find_current(shard_path: str, index_dir: str | None = None, columns: Columns = Columns()) -> ShardIndex | None:
+def find_current(shard_path: str, index_dir: str | None = None, columns: Columns = Columns(),
+                 into: MemberColumns | None = None) -> ShardIndex | None:
     """The persisted index that describes the local shard as it is now (its size and mtime), or
-    None; OSError if the shard cannot be stat'ed."""
+    None; OSError if the shard cannot be stat'ed. ``into``: where its member columns go."""
     st = os.stat(shard_path)
     for path in candidate_paths(shard_path, index_dir):
-        index = _try_load(path)
+        index = _try_load(path, columns=into)
         if index is None:
             continue
         if is_current(index, st, columns):

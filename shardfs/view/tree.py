@@ -20,6 +20,7 @@ import numpy as np
 
 from shardfs.index import names
 from shardfs.formats.base import Kind
+from shardfs.index.member_columns import MemberColumns
 from shardfs.index.shard_index import ShardIndex, SplitOnUse, path_hash
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,17 @@ class Columns:
 
 
 class Tree:
-    def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0):
+    def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0,
+                 columns: MemberColumns | None = None):
+        """``columns``: the arrays the indexes' member columns were read into (a remount), taken over
+        as the tree's when they hold exactly these indexes' members in this order."""
         self.shard_names = shard_names
         self.problems: list[str] = []
         self.dirs: list[Dir] = [Dir(b"", mtime=default_mtime)]
         self.dir_id: dict[bytes, int] = {b"": 0}
         self.subdirs: list[list[int]] = [[]]  # child directory ids
         self._default_mtime = default_mtime
-        self._merge(indexes)
+        self._merge(indexes, columns if columns is not None and columns.covers(indexes) else None)
 
     # ---- building -------------------------------------------------------
 
@@ -105,28 +109,31 @@ class Tree:
             found = known[key] = np.array(ids, dtype=np.uint32)
         return found
 
-    def _merge(self, indexes: list[ShardIndex]) -> None:
+    def _merge(self, indexes: list[ShardIndex], columns: MemberColumns | None) -> None:
         counts = [len(ix) for ix in indexes]
         self.shard = np.repeat(np.arange(len(indexes), dtype=np.uint32), counts)
         self.names = b"".join(ix.names for ix in indexes)
-        cat = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.empty(0, dtype)  # noqa: E731
+        def cat(name: str, dtype) -> np.ndarray:
+            if columns is not None:  # the indexes' columns, one after another already
+                return columns.column(name)
+            return np.concatenate([getattr(ix, name) for ix in indexes]) if indexes else np.empty(0, dtype)
         # Each shard's name ends and directory numbers are its own: moved into the tree's for all
         # shards at once (numpy over all members, not a pass per shard).
         known: dict = {}
         dir_maps = [self._dir_ids(ix.dirs, known) for ix in indexes]
         dir_base = np.cumsum([0] + [len(d) for d in dir_maps[:-1]], dtype=np.uint32)
-        parent = cat([ix.parent for ix in indexes], np.uint32)
-        parent += np.repeat(dir_base, counts)
-        parent = cat(dir_maps, np.uint32)[parent] if len(parent) else parent
-        self.name_end = cat([ix.name_end for ix in indexes], np.int64)
+        parent = cat("parent", np.uint32) + np.repeat(dir_base, counts)
+        parent = np.concatenate(dir_maps)[parent] if len(parent) else parent
+        # (Changed in place when taken over: the indexes are not used after the merge.)
+        self.name_end = cat("name_end", np.int64)
         self.name_end += np.repeat(np.cumsum([0] + [len(ix.names) for ix in indexes[:-1]], dtype=np.int64), counts)
         self._name_ends = memoryview(self.name_end)  # plain ints for name(), as Columns below
-        self.kind = cat([ix.kind for ix in indexes], np.uint8)
-        self.offset = cat([ix.offset for ix in indexes], np.int64)
-        self.size = cat([ix.size for ix in indexes], np.int64)
-        self.mode = cat([ix.mode for ix in indexes], np.uint16)
-        self.mtime = cat([ix.mtime for ix in indexes], np.float64)
-        hashes = cat([ix.hash for ix in indexes], np.uint64)
+        self.kind = cat("kind", np.uint8)
+        self.offset = cat("offset", np.int64)
+        self.size = cat("size", np.int64)
+        self.mode = cat("mode", np.uint16)
+        self.mtime = cat("mtime", np.float64)
+        hashes = cat("hash", np.uint64)
         self.symlinks: dict[int, bytes] = {}
         self.sparse: dict[int, np.ndarray] = {}  # member -> its runs (formats/sparse.py); few have one
         starts = np.cumsum([0] + counts)
