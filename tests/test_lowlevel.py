@@ -7,6 +7,7 @@ import os
 import random
 import tarfile
 
+import numpy as np
 import pytest
 
 from conftest import drop_page_cache, needs_fuse, wait_for
@@ -131,6 +132,19 @@ def test_table_lookup_finds_names_that_share_long_prefixes(tmp_path):
     for absent in (stem, stem + b"1234567", stem + b"123456789\xff", b"n01440764", stem + b"\xff" * 15):
         if absent not in names:
             assert t.lookup(folder, absent) is None, absent
+
+
+def test_paths_with_the_inode_number_of_another_are_left_out_of_the_table(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    files = [b"x/a.txt", b"x/b.txt", b"x/y/c.txt", b"top.txt"]
+    (src / "a.tar").write_bytes(archive(*(member(n, n) for n in files)))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    monkeypatch.setattr(table, "_member_ino", lambda hashes: np.full(len(hashes), 12345, np.uint64))
+    t = table.build(view, table.Slots())
+    found = [n for n in files if t.lookup(inode_number(n.rpartition(b"/")[0]), n.rpartition(b"/")[2]) is not None]
+    assert len(found) == 1  # one path keeps the number; the others are left out, not shown twice
+    assert t.lookup(inode_number(b"x"), b"y") == inode_number(b"x/y")  # directories stay
 
 
 def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypatch):
