@@ -5,8 +5,9 @@ Lists the same tree, the way torchvision's ImageFolder does (benchlib.readers.im
 through a plain directory and through shardfs mounts of its tar shards, fresh (the kernel's
 dentries and inodes dropped: drop_caches 3; a shardfs mount new as well) and then warm, in
 --rounds rounds. For each shardfs listing it records the daemon's CPU seconds (/proc/PID/stat) and
-the listing requests it answered (its stats), so that the wall time splits into what the daemon
-spends and what the kernel does per entry. shardfs is mounted twice per round: as it serves
+the listing requests it answered (its stats), and how much the kernel's FUSE inodes and dentries
+grew (/proc/slabinfo), so that the wall time splits into what the daemon spends and what the kernel
+does per entry. shardfs is mounted twice per round: as it serves
 (READDIRPLUS: each entry carries its attributes and the kernel makes an inode for it) and with
 SHARDFS_READDIRPLUS=0 (plain READDIR: no inode per entry; a file opened later costs a LOOKUP).
 
@@ -37,6 +38,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK  # utime + stime
 
 
+def slab_mb() -> dict[str, float]:
+    """The kernel's memory in FUSE inodes and dentries (/proc/slabinfo, root only), MB."""
+    out = {}
+    try:
+        with open("/proc/slabinfo") as f:
+            for line in f:
+                name, active, _total, size = (line.split() + ["0"] * 4)[:4]
+                if name in ("fuse_inode", "dentry"):
+                    out[name] = int(active) * int(size) / 1e6
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def listing(root: str) -> tuple[float, int]:
     t = time.perf_counter()
     n = len(imagefolder_files(root))
@@ -51,11 +66,12 @@ def shardfs_round(mounts: Mounts, args, plus: bool) -> dict:
         for kind in ("fresh", "warm"):
             if kind == "fresh":
                 drop_caches()
-            before_ops, before_cpu = m.stats()["fuse_ops"], cpu_s(m.pid)
+            before_ops, before_cpu, before_slab = m.stats()["fuse_ops"], cpu_s(m.pid), slab_mb()
             secs, n = listing(os.path.join(args.mnt, "train"))
-            ops, cpu = m.stats()["fuse_ops"], cpu_s(m.pid)
+            ops, cpu, slab = m.stats()["fuse_ops"], cpu_s(m.pid), slab_mb()
             out[kind] = {"seconds": secs, "files": n, "daemon_cpu_s": cpu - before_cpu,
-                         "requests": {k: v - before_ops.get(k, 0) for k, v in ops.items() if v != before_ops.get(k, 0)}}
+                         "requests": {k: v - before_ops.get(k, 0) for k, v in ops.items() if v != before_ops.get(k, 0)},
+                         "kernel_slab_mb": {k: round(v - before_slab.get(k, 0)) for k, v in slab.items()}}
         return out
     finally:
         mounts.unmount(m)
@@ -98,7 +114,8 @@ def main() -> int:
             for meth, rs in rounds.items():
                 print(f"round {r + 1} {meth}: " + ", ".join(
                     f"{k} {v['seconds']:.2f} s ({v['files']:,} files"
-                    + (f", daemon CPU {v['daemon_cpu_s']:.2f} s, requests {v['requests']}" if "requests" in v else "")
+                    + (f", daemon CPU {v['daemon_cpu_s']:.2f} s, requests {v['requests']}, kernel slab grew by "
+                       f"{v['kernel_slab_mb']} MB" if "requests" in v else "")
                     + ")" for k, v in rs[-1].items()), flush=True)
     print(f"load after: {open('/proc/loadavg').read().strip()}\n")
     print(f"| listing of {args.files:,} files, {args.rounds} rounds | fresh s | warm s | fresh / plain | "
