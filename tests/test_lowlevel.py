@@ -7,6 +7,7 @@ import os
 import random
 import tarfile
 
+import numpy as np
 import pytest
 
 from conftest import drop_page_cache, needs_fuse, wait_for
@@ -106,6 +107,44 @@ def test_table_lookup_agrees_with_the_tree(tmp_path):
         assert t.lookup(inode_number(parent), name) == inode_number(path), path
     assert t.lookup(1, b"missing") is None
     assert t.lookup(inode_number(b"top.txt"), b"under-a-file") is None
+
+
+def test_table_lookup_finds_names_that_share_long_prefixes(tmp_path):
+    """Children are sorted by the 8 bytes after their folder's common prefix, then the rest: names
+    that are prefixes of each other, equal in those 8 bytes, or hold bytes above 0x7f."""
+    rng = random.Random(5)
+    stem = b"n01440764_"
+    names = {stem + bytes(rng.choice(b"0123456789\xe9\xff.") for _ in range(rng.randint(0, 14)))
+             for _ in range(400)}
+    names |= {stem + b"12345678" + tail for tail in (b"", b"9", b"90", b"\xff", b"1.JPEG")}
+    names = sorted(n for n in names if not n.endswith(b"."))
+    src = tmp_path / "src"
+    src.mkdir()
+    half = len(names) // 2  # from two shards, so the folder's children come unsorted
+    (src / "a.tar").write_bytes(archive(*(member(b"c/" + n, n) for n in names[half:][::-1])))
+    (src / "b.tar").write_bytes(archive(*(member(b"c/" + n, n) for n in names[:half])))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    assert view.tree.nfiles == len(names)
+    t = table.build(view, table.Slots())
+    folder = inode_number(b"c")
+    for n in names:
+        assert t.lookup(folder, n) == inode_number(b"c/" + n), n
+    for absent in (stem, stem + b"1234567", stem + b"123456789\xff", b"n01440764", stem + b"\xff" * 15):
+        if absent not in names:
+            assert t.lookup(folder, absent) is None, absent
+
+
+def test_paths_with_the_inode_number_of_another_are_left_out_of_the_table(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    files = [b"x/a.txt", b"x/b.txt", b"x/y/c.txt", b"top.txt"]
+    (src / "a.tar").write_bytes(archive(*(member(n, n) for n in files)))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    monkeypatch.setattr(table, "_member_ino", lambda hashes: np.full(len(hashes), 12345, np.uint64))
+    t = table.build(view, table.Slots())
+    found = [n for n in files if t.lookup(inode_number(n.rpartition(b"/")[0]), n.rpartition(b"/")[2]) is not None]
+    assert len(found) == 1  # one path keeps the number; the others are left out, not shown twice
+    assert t.lookup(inode_number(b"x"), b"y") == inode_number(b"x/y")  # directories stay
 
 
 def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypatch):

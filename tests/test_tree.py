@@ -55,6 +55,50 @@ def test_members_by_hash_are_sorted_also_when_top_bits_tie():
     hashes = rng.integers(0, 2**64, 5000, dtype=np.uint64)
     hashes[:2000] &= np.uint64(0xFFFF_0000_0000_0FFF)  # the key's top bits tie often, the low ones differ
     ids = np.flatnonzero(rng.random(5000) < 0.8).astype(np.uint32)
-    ordered = tree._by_hash(ids, hashes)
+    ordered, found = tree._by_hash(ids, hashes)
     assert sorted(ordered.tolist()) == ids.tolist()
     assert (hashes[ordered][1:] >= hashes[ordered][:-1]).all()
+    assert found.tolist() == hashes[ordered].tolist()
+
+
+def test_a_remount_reads_the_members_into_the_trees_arrays_and_serves_the_same_tree(tmp_path, monkeypatch):
+    """A remount reads the indexes' member columns into one set of arrays that the tree takes over
+    (member_columns.py); what it serves is the first mount's tree, duplicates and directories too."""
+    from shardfs.index import member_columns
+    from shardfs.view import dataset
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        members = [(f"train/c{c}/{i}_{k}.jpg".encode(), bytes([i, c, k]) * (k + 1)) for c in range(3) for k in range(4)]
+        members += [(b"dup.txt", f"from {i}".encode()), (f"only{i}/x.bin".encode(), b"x" * i)]
+        (src / f"s{i}.tar").write_bytes(archive(*(member(n, d) for n, d in members)))
+    covered = []
+    real_covers = member_columns.MemberColumns.covers
+    monkeypatch.setattr(member_columns.MemberColumns, "covers",
+                        lambda self, ixs: covered.append(real_covers(self, ixs)) or covered[-1])
+    first = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    again = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    assert (first.built, again.built) == (5, 0)
+    assert covered == [False, True]  # built indexes are concatenated; loaded ones were read in place
+    a, b = first.tree, again.tree
+    assert a.names == b.names and a.problems == b.problems and [d.path for d in a.dirs] == [d.path for d in b.dirs]
+    for name in ("name_end", "kind", "offset", "size", "mode", "mtime", "shard", "lookup_hash", "lookup_id",
+                 "listing", "listing_start"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert a.nfiles == 5 * 13 + 1  # dup.txt once
+    dup = b.member(b.lookup(b"dup.txt"))
+    assert b.shard[dup] == 4 and b.name(dup) == b"dup.txt"
+    assert b.name(b.member(b.lookup(b"train/c2/3_1.jpg"))) == b"train/c2/3_1.jpg"
+
+
+def test_member_columns_take_nothing_that_does_not_fit():
+    from shardfs.index import member_columns
+
+    cols = member_columns.MemberColumns(index_bytes=2 * member_columns.MIN_BYTES_PER_MEMBER)  # room for 3
+    one = {name: np.arange(2, dtype=dtype) for name, dtype in member_columns.COLUMNS}
+    assert cols.take(one) and cols.used == 2 and one["offset"].base is cols.arrays["offset"]
+    two = {name: np.arange(2, dtype=dtype) for name, dtype in member_columns.COLUMNS}
+    assert not cols.take(two) and cols.used == 2 and two["offset"].base is None
+    wrong = {name: np.arange(1, dtype=np.int32) for name, _ in member_columns.COLUMNS}
+    assert not cols.take(wrong) and cols.used == 2

@@ -23,8 +23,11 @@ class Server:
         # SHARDFS_PUSH_ON_OPEN=0 turns off putting a member looked up just now in the page cache with
         # the isatty of its open() (see lowlevel/requests.c, push_member): for comparisons.
         push = os.environ.get("SHARDFS_PUSH_ON_OPEN", "1") != "0"
+        # SHARDFS_READDIRPLUS=0: listings without attributes (the kernel makes no inode per entry
+        # listed; each file opened later costs a LOOKUP): for comparisons of what listings cost.
+        plus = os.environ.get("SHARDFS_READDIRPLUS", "1") != "0"
         self.session = _lowlevel.Session(ops, table.build(ops.view, slots), mountpoint, ",".join(options),
-                                         TIMEOUT, NEGATIVE_TIMEOUT, push=push)
+                                         TIMEOUT, NEGATIVE_TIMEOUT, push=push, readdirplus=plus)
 
     def loop(self, max_threads: int, max_idle_threads: int) -> int:
         """Serve until unmounted (0) or stopped by SIGTERM/SIGINT (the signal's number)."""

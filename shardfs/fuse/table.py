@@ -107,6 +107,24 @@ def _member_ino(path_hashes: np.ndarray) -> np.ndarray:
     return np.uint64(2) + path_hashes % np.uint64(_INODE_SPACE)
 
 
+def _children(ndirs: int, dir_parent: np.ndarray, listing: np.ndarray, listing_start: np.ndarray):
+    """(children, child_start): directory d's children are children[child_start[d]:child_start[d + 1]],
+    its subdirectories then its files and links as the tree lists them (their node ids). The tree's
+    listing is grouped by directory already: its members are placed, not sorted again."""
+    subdirs = np.argsort(dir_parent[1:], kind="stable").astype(np.uint32) + np.uint32(1)
+    nsub = np.bincount(dir_parent[1:], minlength=ndirs)
+    nfiles = np.diff(listing_start)
+    child_start = np.zeros(ndirs + 1, np.int64)
+    np.cumsum(nsub + nfiles, out=child_start[1:])
+    children = np.empty(int(child_start[-1]), np.uint32)
+    sub_start = np.concatenate([[0], np.cumsum(nsub)])
+    sub_pos = child_start[:-1] - sub_start[:-1]  # + the subdirectory's place among all, grouped by parent
+    children[np.repeat(sub_pos, nsub) + np.arange(len(subdirs))] = subdirs
+    file_pos = child_start[:-1] + nsub - listing_start[:-1]
+    children[np.repeat(file_pos, nfiles) + np.arange(len(listing))] = listing + np.uint32(ndirs)
+    return children, child_start.astype(np.uint32)
+
+
 def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
     tree = view.tree
     ndirs, nmembers = tree.ndirs, len(tree.size)
@@ -114,8 +132,9 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
     dir_ino = np.fromiter((inode_number(p) for p in dir_paths), np.uint64, ndirs)
     live = np.asarray(tree.lookup_id, dtype=np.uint32)
     live_ino = _member_ino(np.asarray(tree.lookup_hash, dtype=np.uint64))
-    member_ino = np.zeros(nmembers, np.uint64)
-    member_ino[live] = live_ino
+    ino = np.zeros(ndirs + nmembers, np.uint64)  # every node's: directories', then members'
+    ino[:ndirs] = dir_ino
+    ino[ndirs:][live] = live_ino
 
     keys = np.concatenate([dir_ino, live_ino])
     nodes = np.concatenate([np.arange(ndirs, dtype=np.uint32), live + np.uint32(ndirs)])
@@ -132,16 +151,13 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
 
     # Every directory's children (subdirectories, then files and links), grouped by parent.
     dir_parent = np.array([tree.dir_id[names.parent_of(p)] if p else 0 for p in dir_paths], np.uint32)
-    listing = np.asarray(tree.listing, dtype=np.uint32)
-    file_parent = np.repeat(np.arange(ndirs, dtype=np.uint32), np.diff(tree.listing_start))
-    child = np.concatenate([np.arange(1, ndirs, dtype=np.uint32), listing + np.uint32(ndirs)])
-    parent = np.concatenate([dir_parent[1:], file_parent])
+    children, child_start = _children(ndirs, dir_parent, np.asarray(tree.listing, dtype=np.uint32),
+                                      np.asarray(tree.listing_start, dtype=np.int64))
     if len(hidden):
-        keep = ~np.isin(child, hidden)
-        child, parent = child[keep], parent[keep]
-    by_parent = np.argsort(parent, kind="stable")
-    children = child[by_parent]
-    child_start = np.searchsorted(parent[by_parent], np.arange(ndirs + 1)).astype(np.uint32)
+        keep = ~np.isin(children, hidden)
+        child_parent = np.repeat(np.arange(ndirs), np.diff(child_start))
+        children = children[keep]
+        child_start = np.searchsorted(child_parent[keep], np.arange(ndirs + 1)).astype(np.uint32)
 
     # A sparse member is not one byte range of the shard: an offset of -1 sends its reads to Python.
     offset = np.ascontiguousarray(tree.offset, np.int64)
@@ -150,7 +166,7 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         offset[list(tree.sparse)] = -1
     name_lengths = np.fromiter((len(p) for p in dir_paths), np.int64, ndirs)
     arrays = {
-        "ino": np.concatenate([dir_ino, member_ino]),
+        "ino": ino,
         "by_ino": keys,
         "by_ino_node": nodes,
         "dir_names": b"".join(dir_paths),

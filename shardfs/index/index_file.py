@@ -24,6 +24,7 @@ after damage).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -36,6 +37,8 @@ import numpy as np
 from shardfs.atomic import atomic_file
 from shardfs.errors import ShardfsError
 from shardfs.formats.base import Kind
+from shardfs.index import member_columns
+from shardfs.index.member_columns import MemberColumns
 from shardfs.index.shard_index import ShardIndex, SplitOnUse
 
 INDEX_VERSION = 4  # 4: sparse maps (3: flat file; 2: .npz with cls_member/cls_value)
@@ -98,20 +101,21 @@ def save(index: ShardIndex, path: str) -> None:
         out.write(index.names)
 
 
-def load(path) -> ShardIndex:
+def load(path, columns: MemberColumns | None = None) -> ShardIndex:
     """From a file name, or a binary file object (an index fetched from beside a remote shard).
-    Raises OSError, OutdatedIndex for another version, ValueError for a damaged file."""
+    Raises OSError, OutdatedIndex for another version, ValueError for a damaged file.
+    ``columns``: where a file's member columns go (member_columns.py), read through its buffer."""
     try:
         if isinstance(path, (str, os.PathLike)):
             with open(path, "rb", buffering=0) as f:
-                return _read(f, os.fstat(f.fileno()).st_size)
+                return _read(f, os.fstat(f.fileno()).st_size, columns)
         data = path.read()
         return _read(io.BytesIO(data), len(data))
     except (KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile) as exc:  # fields missing or wrong
         raise ValueError(f"damaged ({type(exc).__name__}: {exc})") from None
 
 
-def _read(f, size: int) -> ShardIndex:
+def _read(f, size: int, columns: MemberColumns | None = None) -> ShardIndex:
     head = f.read(_HEADER.size)
     if head[:2] == b"PK":  # a zip: version 2
         from shardfs.index import index_npz  # older indexes only
@@ -125,7 +129,8 @@ def _read(f, size: int) -> ShardIndex:
     body_len = size - _HEADER.size - names_len
     if body_len < meta_len:
         raise ValueError(f"{size} bytes: too short for its header")
-    body = bytearray(body_len)
+    # Not zeroed first, as a bytearray would be; the columns' buffer is the same for every file.
+    body = np.empty(body_len, np.uint8) if columns is None else columns.scratch(body_len)
     if f.readinto(body) != body_len:
         raise ValueError("the file changed while it was read")
     names = f.read(names_len)
@@ -133,7 +138,7 @@ def _read(f, size: int) -> ShardIndex:
         raise ValueError("the file changed while it was read")
     if zlib.crc32(names, zlib.crc32(body)) != crc:
         raise ValueError("damaged (its checksum does not match)")
-    index = _parse(body, meta_len, names)
+    index = _parse(body, meta_len, names, columns)
     index.legacy = version != INDEX_VERSION
     return index
 
@@ -147,6 +152,8 @@ def sparse_tables(maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
 
 def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict[int, np.ndarray]:
     """ValueError unless the tables agree with each other."""
+    if not (len(members) or len(ends) or len(runs)):
+        return {}
     if len(members) != len(ends) or (len(ends) and (int(ends[-1]) * 2 != len(runs) or (np.diff(ends) <= 0).any()
                                                      or int(ends[0]) <= 0)):
         raise ValueError("its sparse tables do not match")
@@ -155,16 +162,28 @@ def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict
     return {m: table[a:b] for m, a, b in zip(members.tolist(), starts.tolist(), ends.tolist())}
 
 
-def _parse(body: bytearray, meta_len: int, names: bytes) -> ShardIndex:
-    meta = json.loads(bytes(body[:meta_len]))
+@functools.lru_cache(maxsize=64)
+def _dtype(text: str) -> np.dtype:
+    return np.dtype(text)
+
+
+def _parse(body: np.ndarray, meta_len: int, names: bytes, columns: MemberColumns | None = None) -> ShardIndex:
+    meta = json.loads(body[:meta_len].tobytes())
     pos = meta_len + _pad(meta_len)
     arrays = {}
     for name, dtype, count in meta["arrays"]:
         # Views of the body, not copies: the tree concatenates them and drops the body.
-        arrays[name] = np.frombuffer(body, dtype=np.dtype(dtype), count=count, offset=pos)
-        pos += arrays[name].nbytes + _pad(arrays[name].nbytes)
+        dt = _dtype(dtype)
+        arrays[name] = np.frombuffer(body, dtype=dt, count=count, offset=pos)
+        nbytes = arrays[name].nbytes  # (not count * itemsize: a count of -1 means "the rest")
+        pos += nbytes + _pad(nbytes)
     if pos != len(body):
         raise ValueError(f"a body of {len(body)} bytes, its tables account for {pos}")
+    if columns is not None:  # the body is a buffer read into again: nothing may stay a view of it
+        if not all(name in arrays for name, _ in member_columns.COLUMNS) or not columns.take(arrays):
+            arrays = {name: a.copy() for name, a in arrays.items()}
+        else:
+            arrays.update({name: a.copy() for name, a in arrays.items() if a.base is not columns.arrays.get(name)})
     dirs = SplitOnUse(arrays.pop("dirs").tobytes(), meta["ndirs"])
     empty = np.empty(0, np.int64)
     sparse = sparse_maps(*(arrays.get(name, empty) for name in SPARSE_ARRAYS))

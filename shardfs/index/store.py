@@ -7,14 +7,18 @@ elsewhere, by a fingerprint of the object's bytes."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import os
+import stat
+import threading
 
 from shardfs.dirs import cache_dir
 from shardfs.index import fingerprint
 from shardfs.index.index_file import OutdatedIndex, load, save
+from shardfs.index.member_columns import MemberColumns
 from shardfs.formats import DATA_FORMATS
 from shardfs.formats.datafile import Columns
 from shardfs.index.shard_index import INDEX_SUFFIX, ShardIndex, build
@@ -32,8 +36,61 @@ def cached_path(key: str, index_dir: str | None = None) -> str:
 
 def candidate_paths(shard_path: str, index_dir: str | None = None) -> list[str]:
     """Where an index may live: beside the shard first, then in the cache directory."""
-    real = os.path.realpath(shard_path)
+    real = _realpath(shard_path)
     return [real + INDEX_SUFFIX, cached_path(real, index_dir)]
+
+
+def _realpath(path: str) -> str:
+    """os.path.realpath, with the directory's resolved once for all its shards (a remount of
+    2,000 shards spent 0.1 s resolving the same directory again and again)."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return os.path.realpath(path)
+    except OSError:
+        return os.path.realpath(path)
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(_real_dir(head), tail)
+
+
+@functools.lru_cache(maxsize=256)
+def _real_dir(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def stored_bytes(shard_paths: list[str], index_dir: str | None = None) -> int:
+    """The size of the index files the shards have (the first candidate found of each)."""
+    total = 0
+    for shard in shard_paths:
+        for path in candidate_paths(shard, index_dir):
+            try:
+                total += os.stat(path).st_size
+                break
+            except OSError:
+                continue
+    return total
+
+
+def prefetch(shard_paths: list[str], index_dir: str | None = None) -> threading.Thread:
+    """Ask the kernel to read the shards' index files ahead (POSIX_FADV_WILLNEED), from a thread
+    of its own, while they are loaded one after another: after a drop of the page cache a
+    remount of 2,000 indexes (350 MB) waited 1.1 s on one read at a time, 0.3-0.6 s with the
+    reads queued at once. Only system calls: no buffer of its own."""
+    def run():
+        for shard in shard_paths:
+            for path in candidate_paths(shard, index_dir):
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+                break
+    _real_dir.cache_clear()  # a directory may have been replaced by a link since the last mount
+    thread = threading.Thread(target=run, name="index-prefetch", daemon=True)
+    thread.start()
+    return thread
 
 
 def is_current(index: ShardIndex, st: os.stat_result, columns: Columns = Columns()) -> bool:
@@ -54,9 +111,9 @@ def _left_out_what_we_serve(index: ShardIndex) -> bool:
     return index.legacy and (bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings))
 
 
-def _try_load(path, shown: str | None = None) -> ShardIndex | None:
+def _try_load(path, shown: str | None = None, columns: MemberColumns | None = None) -> ShardIndex | None:
     try:
-        index = load(path)
+        index = load(path, columns)
         if _left_out_what_we_serve(index):
             raise OutdatedIndex("an index of an older version that left members out")
         return index
@@ -163,12 +220,13 @@ def _not_describing(index: ShardIndex, obj, columns: Columns = Columns()) -> str
     return None if now == index.shard_fingerprint else "its fingerprint differs from the object's bytes"
 
 
-def find_current(shard_path: str, index_dir: str | None = None, columns: Columns = Columns()) -> ShardIndex | None:
+def find_current(shard_path: str, index_dir: str | None = None, columns: Columns = Columns(),
+                 into: MemberColumns | None = None) -> ShardIndex | None:
     """The persisted index that describes the local shard as it is now (its size and mtime), or
-    None; OSError if the shard cannot be stat'ed."""
+    None; OSError if the shard cannot be stat'ed. ``into``: where its member columns go."""
     st = os.stat(shard_path)
     for path in candidate_paths(shard_path, index_dir):
-        index = _try_load(path)
+        index = _try_load(path, columns=into)
         if index is None:
             continue
         if is_current(index, st, columns):

@@ -21,6 +21,7 @@ from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
 from shardfs.formats.datafile import Columns
 from shardfs.index import index_file, shard_index
+from shardfs.index.member_columns import MemberColumns
 from shardfs.index import store as index_store
 from shardfs.storage import deadline
 from shardfs.storage.base import Shard, ShardIOError, is_url
@@ -66,10 +67,9 @@ class Dataset:
     def as_stored(self) -> np.ndarray:
         """Per shard, whether its members in the tree are byte ranges of it as stored (the compiled
         loop copies those from the cached shard; the others go through their layout in Python)."""
-        tree = self.tree
-        order = np.argsort(tree.shard, kind="stable")
-        starts = np.searchsorted(tree.shard[order], np.arange(len(self.shards) + 1))
-        return np.array([format_for(s.path).as_stored(tree.offset[order[starts[i]:starts[i + 1]]])
+        tree = self.tree  # its members come shard after shard (Tree._merge)
+        starts = np.searchsorted(tree.shard, np.arange(len(self.shards) + 1))
+        return np.array([format_for(s.path).as_stored(tree.offset[starts[i]:starts[i + 1]])
                          for i, s in enumerate(self.shards)], bool)
 
     def __post_init__(self) -> None:
@@ -103,21 +103,23 @@ def _load_or_build(args):
         return None, f"{path}: cannot read: {exc.strerror or exc}"
 
 
-def _current(path: str, index_dir: str | None, columns: Columns):
+def _current(path: str, index_dir: str | None, columns: Columns, into: MemberColumns | None = None):
     try:
-        return index_store.find_current(path, index_dir, columns)
+        return index_store.find_current(path, index_dir, columns, into)
     except OSError:
         return None  # the shard cannot be stat'ed: its job below says so
 
 
 def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild: bool = False, progress=None,
-                 columns: Columns = Columns(), fetch_index=None, keep=None):
+                 columns: Columns = Columns(), fetch_index=None, keep=None,
+                 into: MemberColumns | None = None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
     (threads for tar shards and remote ones, see _builds_in_threads; processes for the others).
     ``progress``: a progress.IndexProgress, told as each index is ready. ``fetch_index(path)``: the
     shard's index from a peer (its owner built it), or None; tried before building one.
     ``keep(shard)``: a context around each build that keeps what it reads in this process's caches
-    (storage/buildfill.py): builds then run in threads here (the scanner lets go of the GIL)."""
+    (storage/buildfill.py): builds then run in threads here (the scanner lets go of the GIL). ``into``:
+    where the member columns of the indexes read from disk go (member_columns.py)."""
     done: dict[str, tuple] = {}
 
     def collect(pairs) -> None:
@@ -133,7 +135,9 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
         # (Read in 4 threads, a 4M-member remount kept 50-75 MB more resident: glibc's per-thread
         # heaps, for no measurable gain at 2 cores.)
         local = [p for p in paths if not is_url(p)]
-        loaded = [(p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns) for p in local))
+        if hasattr(os, "posix_fadvise"):
+            index_store.prefetch(local, index_dir)
+        loaded = [(p, (ix, "loaded")) for p, ix in zip(local, (_current(p, index_dir, columns, into) for p in local))
                   if ix is not None]
     have = {p for p, _ in loaded}
     todo = [p for p in paths if p not in have]
@@ -270,8 +274,9 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
 
     fresh = [p for p in paths if p not in entries]
     built = from_peers = 0
+    into = MemberColumns(index_store.stored_bytes([p for p in fresh if not is_url(p)], index_dir))
     for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns,
-                                      fetch_index=fetch_index, keep=keep):
+                                      fetch_index=fetch_index, keep=keep, into=into):
         if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
             ix = _stale_index(old[path])
             if ix is None:
@@ -299,7 +304,8 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     shown = [os.path.basename(p) for p in order]
     views, notes = layouts.apply(layout, shown, [entries[p][0] for p in order])
     problems.extend(notes)
-    tree = Tree(shown, views, default_mtime=newest)
+    tree = Tree(shown, views, default_mtime=newest, columns=into)
+    del into  # (the tree keeps the columns it took over)
     problems.extend(tree.problems)
     damaged = sum(1 for p in order if entries[p][0].error)
     return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built, damaged,

@@ -20,28 +20,30 @@ import numpy as np
 
 from shardfs.index import names
 from shardfs.formats.base import Kind
-from shardfs.index.shard_index import ShardIndex, path_hash
+from shardfs.index.member_columns import MemberColumns
+from shardfs.index.shard_index import ShardIndex, SplitOnUse, path_hash
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED = 20  # conflict lines logged one by one; the rest are counted
 
 
-def _by_hash(ids: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-    """``ids`` in the order of their hashes. Each id is packed under its hash's top bits into one
-    64-bit key and the keys sorted by value: 5-8x faster than an argsort of the hashes at 4M
-    members. Ids whose hashes share those top bits (a few) come in id order; one stable sort of
-    the nearly sorted result puts them right."""
+def _by_hash(ids: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``ids`` in the order of their hashes, those hashes). Each id is packed under its hash's top
+    bits into one 64-bit key and the keys sorted by value: 5-8x faster than an argsort of the
+    hashes at 4M members. Ids whose hashes share those top bits (a few) come in id order; one
+    stable sort of the nearly sorted result puts them right."""
     if not len(ids):
-        return ids
+        return ids, hashes[ids]
     id_bits = max(int(ids[-1]).bit_length(), 1)  # ids ascend (flatnonzero)
     keys = (hashes[ids] >> np.uint64(id_bits)) << np.uint64(id_bits) | ids.astype(np.uint64)
     keys.sort()
     ordered = (keys & np.uint64((1 << id_bits) - 1)).astype(np.uint32)
     found = hashes[ordered]
     if (found[1:] < found[:-1]).any():
-        ordered = ordered[np.argsort(found, kind="stable")]
-    return ordered
+        fix = np.argsort(found, kind="stable")
+        ordered, found = ordered[fix], found[fix]
+    return ordered, found
 
 
 @dataclass
@@ -69,14 +71,17 @@ class Columns:
 
 
 class Tree:
-    def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0):
+    def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0,
+                 columns: MemberColumns | None = None):
+        """``columns``: the arrays the indexes' member columns were read into (a remount), taken over
+        as the tree's when they hold exactly these indexes' members in this order."""
         self.shard_names = shard_names
         self.problems: list[str] = []
         self.dirs: list[Dir] = [Dir(b"", mtime=default_mtime)]
         self.dir_id: dict[bytes, int] = {b"": 0}
         self.subdirs: list[list[int]] = [[]]  # child directory ids
         self._default_mtime = default_mtime
-        self._merge(indexes)
+        self._merge(indexes, columns if columns is not None and columns.covers(indexes) else None)
 
     # ---- building -------------------------------------------------------
 
@@ -92,30 +97,43 @@ class Tree:
             self.subdirs[parent].append(d)
         return d
 
-    def _merge(self, indexes: list[ShardIndex]) -> None:
+    def _dir_ids(self, dirs, known: dict) -> np.ndarray:
+        """The tree's ids of a shard's directories. Most shards name the same directories in the same
+        order (a thousand class folders each): found once per distinct list, not once per shard."""
+        key = (len(dirs), dirs.blob if isinstance(dirs, SplitOnUse) else b"\0".join(dirs))
+        found = known.get(key)
+        if found is None:
+            ids = list(map(self.dir_id.get, dirs))  # in C, for folders seen already
+            if None in ids:
+                ids = [self._add_dir(d) for d in dirs]
+            found = known[key] = np.array(ids, dtype=np.uint32)
+        return found
+
+    def _merge(self, indexes: list[ShardIndex], columns: MemberColumns | None) -> None:
         counts = [len(ix) for ix in indexes]
         self.shard = np.repeat(np.arange(len(indexes), dtype=np.uint32), counts)
         self.names = b"".join(ix.names for ix in indexes)
-        ends, parents, base = [], [], 0
-        for ix in indexes:
-            ends.append(ix.name_end + base)
-            base += len(ix.names)
-            # Most shards name directories seen already (a thousand class folders each): found in C.
-            found = list(map(self.dir_id.get, ix.dirs))
-            if None in found:
-                found = [self._add_dir(d) for d in ix.dirs]
-            local_to_global = np.array(found, dtype=np.uint32)
-            parents.append(local_to_global[ix.parent] if len(ix) else np.empty(0, np.uint32))
-        cat = lambda arrays, dtype: np.concatenate(arrays) if arrays else np.empty(0, dtype)  # noqa: E731
-        self.name_end = cat(ends, np.int64)
+        def cat(name: str, dtype) -> np.ndarray:
+            if columns is not None:  # the indexes' columns, one after another already
+                return columns.column(name)
+            return np.concatenate([getattr(ix, name) for ix in indexes]) if indexes else np.empty(0, dtype)
+        # Each shard's name ends and directory numbers are its own: moved into the tree's for all
+        # shards at once (numpy over all members, not a pass per shard).
+        known: dict = {}
+        dir_maps = [self._dir_ids(ix.dirs, known) for ix in indexes]
+        dir_base = np.cumsum([0] + [len(d) for d in dir_maps[:-1]], dtype=np.uint32)
+        parent = cat("parent", np.uint32) + np.repeat(dir_base, counts)
+        parent = np.concatenate(dir_maps)[parent] if len(parent) else parent
+        # (Changed in place when taken over: the indexes are not used after the merge.)
+        self.name_end = cat("name_end", np.int64)
+        self.name_end += np.repeat(np.cumsum([0] + [len(ix.names) for ix in indexes[:-1]], dtype=np.int64), counts)
         self._name_ends = memoryview(self.name_end)  # plain ints for name(), as Columns below
-        self.kind = cat([ix.kind for ix in indexes], np.uint8)
-        self.offset = cat([ix.offset for ix in indexes], np.int64)
-        self.size = cat([ix.size for ix in indexes], np.int64)
-        self.mode = cat([ix.mode for ix in indexes], np.uint16)
-        self.mtime = cat([ix.mtime for ix in indexes], np.float64)
-        hashes = cat([ix.hash for ix in indexes], np.uint64)
-        parent = cat(parents, np.uint32)
+        self.kind = cat("kind", np.uint8)
+        self.offset = cat("offset", np.int64)
+        self.size = cat("size", np.int64)
+        self.mode = cat("mode", np.uint16)
+        self.mtime = cat("mtime", np.float64)
+        hashes = cat("hash", np.uint64)
         self.symlinks: dict[int, bytes] = {}
         self.sparse: dict[int, np.ndarray] = {}  # member -> its runs (formats/sparse.py); few have one
         starts = np.cumsum([0] + counts)
@@ -132,17 +150,26 @@ class Tree:
         # Files and links by path hash, sorted once for the checks below and for lookups. Not a
         # stable sort (numpy's quicksort is 6x faster on a million hashes): equal hashes of
         # different names come in no particular order, and every use compares the names.
-        by_hash = _by_hash(np.flatnonzero(live).astype(np.uint32), hashes)
-        sorted_hashes = hashes[by_hash]
-        self._hide_files_shadowed_by_dirs(live, by_hash, sorted_hashes)
-        kept = live[by_hash]
-        self._resolve_duplicates(live, by_hash[kept], sorted_hashes[kept])
-        kept = live[by_hash]
-        self.lookup_hash = sorted_hashes[kept]
-        self.lookup_id = by_hash[kept]
-
         ids = np.flatnonzero(live).astype(np.uint32)
-        key = parent[ids]
+        by_hash, sorted_hashes = _by_hash(ids, hashes)
+        del hashes
+        # (What is left out below is rare: the members' arrays are gathered again only then.)
+        before = len(ids)
+        self._hide_files_shadowed_by_dirs(live, by_hash, sorted_hashes)
+        if np.count_nonzero(live) != before:
+            kept = live[by_hash]
+            by_hash, sorted_hashes = by_hash[kept], sorted_hashes[kept]
+        self._resolve_duplicates(live, by_hash, sorted_hashes)
+        if np.count_nonzero(live) != len(by_hash):
+            kept = live[by_hash]
+            by_hash, sorted_hashes = by_hash[kept], sorted_hashes[kept]
+            ids = np.flatnonzero(live).astype(np.uint32)
+        elif len(by_hash) != before:
+            ids = np.flatnonzero(live).astype(np.uint32)
+        self.lookup_hash = sorted_hashes
+        self.lookup_id = by_hash
+
+        key = parent if len(ids) == len(parent) else parent[ids]
         if len(self.dirs) <= 1 << 16:
             key = key.astype(np.uint16)  # numpy's stable sort of 16-bit keys is a radix sort: 6x faster
         self.listing = ids[np.argsort(key, kind="stable")]  # live members grouped by directory, in member order

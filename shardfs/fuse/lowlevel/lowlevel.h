@@ -139,6 +139,7 @@ typedef struct {
     Counter disk_cached_reads;     /* disk-tier answers and pushes copied from the tier's page cache */
     Counter pushes, push_failures; /* members put in the page cache with an ioctl's answer */
     int push;
+    int readdirplus; /* asked of the kernel at init (0: plain READDIR, for comparisons) */
 } Session;
 
 #define COUNT(s, op) atomic_fetch_add_explicit(&(s)->counts[op].n, 1, memory_order_relaxed)
@@ -167,6 +168,7 @@ void file_buffer_done(char *p, size_t need);
 /* table.c */
 void node_path(const Table *t, uint32_t n, const char **p, size_t *len);
 void base_name(const Table *t, uint32_t n, const char **p, size_t *len);
+void child_name(const Table *t, uint32_t d, uint32_t n, const char **p, size_t *len);
 int64_t resolve(const Table *t, fuse_ino_t ino);
 void mark_unread(Table *t, uint32_t n);
 int take_unread(Table *t, uint32_t n);

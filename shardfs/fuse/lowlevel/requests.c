@@ -160,8 +160,10 @@ static void ll_init(void *userdata, struct fuse_conn_info *conn) {
     Session *s = userdata;
     /* Always readdirplus: with "auto" the kernel asks for attributes only in the first batch of
      * a large directory, and each file listed after it costs a LOOKUP when opened. */
-    if (conn->capable & FUSE_CAP_READDIRPLUS)
+    if (s->readdirplus && (conn->capable & FUSE_CAP_READDIRPLUS))
         conn->want = (conn->want | FUSE_CAP_READDIRPLUS) & ~FUSE_CAP_READDIRPLUS_AUTO;
+    else if (!s->readdirplus)
+        conn->want &= ~(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
     if (conn->capable & FUSE_CAP_CACHE_SYMLINKS)
         conn->want |= FUSE_CAP_CACHE_SYMLINKS;
     PyGILState_STATE g = python_enter();
@@ -267,7 +269,7 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
             len = strlen(name);
         } else {
             n = t->children[first + (uint32_t)(i - 2)];
-            base_name(t, n, &name, &len);
+            child_name(t, (uint32_t)d, n, &name, &len);
         }
         if (len >= sizeof namebuf)
             continue; /* no name this long can be listed; the index refuses them anyway */

@@ -10,11 +10,11 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     Table *table;
     const char *mountpoint, *options;
     double entry_timeout, negative_timeout;
-    int push = 1;
+    int push = 1, plus = 1;
     static char *kwlist[] = {"ops", "table", "mountpoint", "options", "entry_timeout", "negative_timeout", "push",
-                             NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|p", kwlist, &ops, TableType, &table, &mountpoint,
-                                     &options, &entry_timeout, &negative_timeout, &push))
+                             "readdirplus", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!ssdd|pp", kwlist, &ops, TableType, &table, &mountpoint,
+                                     &options, &entry_timeout, &negative_timeout, &push, &plus))
         return -1;
     if (libfuse.session_new == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "libfuse is not bound yet (shardfs.fuse.lib.libfuse())");
@@ -31,6 +31,7 @@ static int session_init(Session *s, PyObject *args, PyObject *kwds) {
     s->entry_timeout = entry_timeout;
     s->negative_timeout = negative_timeout;
     s->push = push;
+    s->readdirplus = plus;
     char *argv[] = {"shardfs", "-o", (char *)options, NULL};
     struct fuse_args fargs = {.argc = 3, .argv = argv};
     s->se = libfuse.session_new(&fargs, &LL_OPS, libfuse.ops_size, s);
@@ -180,8 +181,9 @@ static PyMethodDef session_methods[] = {
     {NULL}};
 
 static PyType_Slot session_slots[] = {
-    {Py_tp_doc, "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout, push=True): a mounted FUSE "
-                "session; push: a member looked up is put in the page cache with the isatty of its open()"},
+    {Py_tp_doc, "Session(ops, table, mountpoint, options, entry_timeout, negative_timeout, push=True, readdirplus=True): "
+                "a mounted FUSE session; push: a member looked up is put in the page cache with the isatty of its "
+                "open(); readdirplus: listings carry attributes (False: plain READDIR, for comparisons)"},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, session_init},
     {Py_tp_dealloc, session_dealloc},

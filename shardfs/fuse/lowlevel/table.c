@@ -25,22 +25,53 @@ void base_name(const Table *t, uint32_t n, const char **p, size_t *len) {
     *len = plen - (size_t)(*p - path);
 }
 
+/* The name of node n within its directory d: its path past d's and a slash (d's length is at
+ * hand; searching the path for its last slash touched each name once more). */
+void child_name(const Table *t, uint32_t d, uint32_t n, const char **p, size_t *len) {
+    const char *path;
+    size_t plen;
+    node_path(t, n, &path, &plen);
+    size_t skip = d ? (size_t)(t->dir_name_end[d] - t->dir_name_end[d - 1]) + 1 : 0;
+    if (skip > plen || (skip && path[skip - 1] != '/')) {
+        base_name(t, n, p, len); /* (not a child of d: never, the table is built so) */
+        return;
+    }
+    *p = path + skip;
+    *len = plen - skip;
+}
+
 static int compare_names(const char *a, size_t alen, const char *b, size_t blen) {
     int c = memcmp(a, b, alen < blen ? alen : blen);
     return c ? c : (alen > blen) - (alen < blen);
 }
 
-/* A child with its base name found once: the sort compares these (finding the base name in each
- * comparison, two memrchr per call, took 2.7 s of a 4M-member remount). */
+/* A child with its base name found once, and the 8 bytes of it after what every name in its
+ * directory begins with, big-endian (zeros past its end: a name holds no NUL), so that most
+ * comparisons are one of two integers. Sorting by the names alone (a memcmp per comparison over
+ * the folder's common prefix, "n01440764_" in ImageNet's) took ~1 s of a 4M-member remount. */
 typedef struct {
+    uint64_t key;
     const char *name;
     size_t len;
     uint32_t node;
+    uint32_t skip; /* the directory's common prefix (the same in each of its children) */
 } Named;
 
 static int compare_named(const void *x, const void *y) {
     const Named *a = x, *b = y;
-    return compare_names(a->name, a->len, b->name, b->len);
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    size_t skip = (size_t)a->skip + 8; /* equal up to here (a shorter name is padded with NULs) */
+    if (a->len <= skip || b->len <= skip)
+        return (a->len > b->len) - (a->len < b->len);
+    return compare_names(a->name + skip, a->len - skip, b->name + skip, b->len - skip);
+}
+
+static uint64_t key_at(const char *name, size_t len, size_t skip) {
+    uint64_t key = 0;
+    for (size_t i = 0; i < 8; i++)
+        key = key << 8 | (skip + i < len ? (uint8_t)name[skip + i] : 0);
+    return key;
 }
 
 /* Each directory's children in name order; -1 if out of memory. Called without the GIL. */
@@ -58,9 +89,28 @@ static int sort_children(Table *t, uint32_t ndirs) {
         uint32_t lo = t->child_start[d], n = t->child_start[d + 1] - lo;
         if (n < 2)
             continue;
+        size_t skip = 0;
         for (uint32_t i = 0; i < n; i++) {
+            if (i + 16 < n) { /* the names are far apart in memory: ask for them ahead */
+                const char *ahead;
+                size_t unused;
+                node_path(t, t->children[lo + i + 16], &ahead, &unused);
+                __builtin_prefetch(ahead);
+            }
             named[i].node = t->children[lo + i];
-            base_name(t, named[i].node, &named[i].name, &named[i].len);
+            child_name(t, d, named[i].node, &named[i].name, &named[i].len);
+            size_t same = 0, most_same = skip < named[i].len ? skip : named[i].len;
+            if (i == 0)
+                most_same = named[i].len;
+            while (same < most_same && named[i].name[same] == named[0].name[same])
+                same++;
+            skip = same;
+        }
+        if (skip > UINT32_MAX - 8)
+            skip = 0; /* (no name is that long: PATH_MAX) */
+        for (uint32_t i = 0; i < n; i++) {
+            named[i].key = key_at(named[i].name, named[i].len, skip);
+            named[i].skip = (uint32_t)skip;
         }
         qsort(named, n, sizeof(Named), compare_named);
         for (uint32_t i = 0; i < n; i++)
@@ -109,7 +159,7 @@ int64_t find_child(const Table *t, uint32_t d, const char *name) {
         uint32_t mid = lo + (hi - lo) / 2;
         const char *b;
         size_t blen;
-        base_name(t, t->children[mid], &b, &blen);
+        child_name(t, d, t->children[mid], &b, &blen);
         int c = compare_names(b, blen, name, len);
         if (c == 0)
             return t->children[mid];
