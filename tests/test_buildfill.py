@@ -72,9 +72,9 @@ def test_remote_shards_fill_the_tier_as_their_indexes_are_built(shards, mount, t
 
 
 @needs_fuse
-def test_a_first_mount_whose_ram_budget_holds_the_shards_keeps_them_as_it_indexes(shards, mount, tmp_path):
+def test_a_first_mount_that_prefetches_every_shard_keeps_them_in_ram_as_it_indexes(shards, mount, tmp_path):
     src, digests, total = shards
-    m = mount(src, options=("--cache-size", BIG_RAM))
+    m = mount(src, options=("--cache-size", BIG_RAM, "--prefetch", "all"))
     cache = m.stats()["cache"]
     assert cache["shards_cached"] == 3 and cache["storage_bytes_read"] == cache["build_bytes_read"] >= total
     assert "3 shards kept in RAM as their indexes were built" in m.log()
@@ -94,7 +94,8 @@ def test_a_shard_rewritten_during_its_build_leaves_nothing_in_the_tier_or_ram(tm
     flag.touch()
     with hanging_storage(tmp_path, src, "part-00.tar", flag, start=tar.CHUNK) as storage:
         got = []
-        mounting = threading.Thread(target=lambda: got.append(mount(storage, options=options(tier, ram))))
+        ram_options = options(tier, ram, *(("--prefetch", "all") if ram == BIG_RAM else ()))
+        mounting = threading.Thread(target=lambda: got.append(mount(storage, options=ram_options)))
         mounting.start()
         try:
             wait_for(lambda: held(flag), "the build of part-00 held in its second read")
@@ -135,7 +136,7 @@ def test_a_build_of_a_changing_shard_keeps_nothing_in_the_caches(tmp_path, monke
     _tiny_members_shard(other, 5_000)
     tier = DiskTier(str(tmp_path / "tier"), "1G")
     cache = ShardCache([], 1 << 30)
-    keeper = Keeper(tier, cache)
+    keeper = Keeper(tier, cache, in_ram=True)
     try:
         monkeypatch.setattr(store, "LocalShard", _ChangesAfterItsFirstRead)
         results = dataset.index_shards([str(changing), str(other)], str(tmp_path / "idx"), workers=2,
@@ -200,3 +201,14 @@ def test_a_daemon_stopped_during_its_build_exits_and_leaves_no_chunk_trusted(tmp
         m = mount(storage, options=options(tier, SMALL_RAM))
         read_all(m.path, digests)
         assert storage_bytes(m) <= 1.05 * total + 2 * CHUNK  # (part-01's, if kept before the stop: not read twice)
+
+
+@needs_fuse
+def test_without_prefetch_all_a_first_mount_keeps_nothing_in_ram_before_a_read(shards, mount):
+    """The RAM cache keeps the shards readers touch: a build does not fill it by itself (a shard
+    rewritten after the mount then answers EIO, as it always did, not the bytes read at mount)."""
+    src, digests, total = shards
+    m = mount(src, options=("--cache-size", BIG_RAM))
+    cache = m.stats()["cache"]
+    assert cache["shards_cached"] == 0
+    assert "kept in RAM as their indexes were built" not in m.log()

@@ -229,9 +229,12 @@ class Daemon:
         self.disk = _disk_tier(opts, loaders, self.slots, owns, readers_first)
         self.cache = ShardCache([], budget, opts.prefetch, loaders, disk=self.disk, publisher=self.slots,
                                 keep_first=owns, readers_first=readers_first)
-        # (Not with peers: each shard's owner reads it, and the others ask the owner for it.)
-        keep = not self.peers and (self.disk or budget >= _local_bytes(found))
-        self.keeper = Keeper(self.disk, self.cache) if keep else None
+        # In RAM only where the cache would load every shard anyway (--prefetch all): else it
+        # keeps the shards readers touch, as without the one pass. (Not with peers: each shard's
+        # owner reads it, and the others ask the owner for it.)
+        in_ram = opts.prefetch == "all" and budget >= _local_bytes(found)
+        keep = not self.peers and (self.disk or in_ram)
+        self.keeper = Keeper(self.disk, self.cache, in_ram) if keep else None
         self.pressure = PressureWatcher(self.cache)
         self.pressure.start()
 

@@ -81,8 +81,10 @@ class Chunks:
 class Keeper:
     """The caches index builds fill (a disk tier, the RAM cache), and what builds read in all."""
 
-    def __init__(self, disk: DiskTier | None, cache: ram.ShardCache):
-        self.disk, self.cache = disk, cache
+    def __init__(self, disk: DiskTier | None, cache: ram.ShardCache, in_ram: bool):
+        """``in_ram``: keep whole shards in the RAM cache too (where it would load every shard
+        anyway: ``--prefetch all``); else the RAM cache fills as readers touch shards, as always."""
+        self.disk, self.cache, self.in_ram = disk, cache, in_ram
         self._in_ram: dict[str, tuple[dict, mmap.mmap]] = {}  # path -> (the shard's identity, its bytes)
         self._lock = threading.Lock()
 
@@ -90,7 +92,7 @@ class Keeper:
     def reading(self, shard: Shard):
         """Around the build of ``shard``: what it reads is kept (see the module's docstring)."""
         tier = self.disk.for_build(shard) if self.disk is not None else None
-        buf = self.cache.hold(shard.size)
+        buf = self.cache.hold(shard.size) if self.in_ram else None
         nchunks = -(-shard.size // CHUNK)
 
         def put(chunk: int, data) -> None:
