@@ -441,7 +441,8 @@ def report(ctx, rounds: list[dict]) -> None:
     def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
         med = median(values)
         ok = med is not None and (med <= limit if rule == "<=" else med >= limit)
-        print(f"{label:<66}{cell(values, fmt):>22} {rule} {limit:<6}  {'PASS' if ok else 'FAIL'}")
+        verdict = "no figure (setup not run)" if med is None else "PASS" if ok else "FAIL"
+        print(f"{label:<66}{cell(values, fmt):>22} {rule} {limit:<6}  {verdict}")
 
     print()
     print(f"{'target':<66}{'measured':>22}")
