@@ -210,7 +210,8 @@ class Daemon:
 
     def _make_caches(self, found: list[str]) -> None:
         """The RAM cache (its budget) and the disk tier, for the shards found; and whether index
-        builds fill them as they read (a disk tier, or a RAM budget that holds the shards; no peers)."""
+        builds fill them as they read (the disk tier; RAM too with --prefetch all where the budget
+        holds the shards; never with peers)."""
         from shardfs.fuse.table import Slots  # these load libfuse: `shardfs index` etc. work without it
 
         opts = self.opts

@@ -4,7 +4,8 @@ disk tier and the RAM cache, as they would keep it, so that the first epoch does
 A build reads its shard through ``Shard.pread`` (tar: 4 MiB sequential reads). ``Keeper.reading``
 watches those reads (``Shard.on_read``) and cuts them into the caches' 1 MiB chunks: every chunk
 the reads cover whole, one after another, goes to the shard's tier file (written as the tier writes
-a fill, checksummed, ``disk.BuildChunks``) and into a RAM buffer. A gap, where the scan skipped a
+a fill, checksummed, ``disk.BuildChunks``) and, where the RAM cache would load every shard anyway
+(``--prefetch all``), into a RAM buffer. A gap, where the scan skipped a
 large member's data, loses the chunk it cuts into; those chunks are read by the epochs, as without
 this. Each cache takes the shard by its own policy (room in its bound, eviction), or not at all.
 
@@ -14,8 +15,7 @@ or a build cut short by an unmount, leaves nothing in either cache. A RAM buffer
 every chunk arrived; it becomes resident once the view holds the shard (``adopt``).
 
 What a build reads counts as read from storage (``cache.build_bytes_read``, included in
-``cache.storage_bytes_read``), each byte once: bytes it reads again (the index's fingerprint
-windows, from the page cache for a local file) are not counted.
+``cache.storage_bytes_read``), each byte once: bytes a build reads again are not counted.
 """
 
 from __future__ import annotations
