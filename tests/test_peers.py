@@ -20,6 +20,7 @@ import pytest
 
 from conftest import drop_page_cache, force_unmount, needs_fuse, needs_scontrol, shardfs_cmd, wait_for
 from test_disk_tier import hanging_storage, tar_bytes, write_shards
+from test_metrics import samples
 
 from shardfs.service.daemon import _peers_status
 from shardfs.service.mount import process_alive
@@ -524,3 +525,6 @@ def test_a_shard_moved_between_survivors_comes_from_its_former_owner(nodes, data
     assert all(m.stats()["read_errors"] == 0 for m in survivors)
     # (the new owners load the moved shards as soon as they find D down, before their former owners evict them)
     assert any("moved to this node from peers that are up" in m.log() for m in survivors)
+    metrics = [samples(shardfs_cmd("stats", m.path, "--format", "prometheus", check=True).stdout) for m in survivors]
+    assert sum(got[("shardfs_peer_previous_owner_bytes_total", None)][0] for got in metrics) == \
+        sum(p.stat().st_size for p in moved)
