@@ -35,6 +35,7 @@ from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
+from shardfs.service.saved_view import SavedView
 from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
 from shardfs.errors import UsageError
@@ -138,6 +139,7 @@ class Daemon:
         self.metrics = None
         self.peers = None
         self.sharing = None  # with peers: one index build per job (peer_indexes.py)
+        self.saved_view: SavedView | None = None  # the view saved for the next mount (saved_view.py)
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -194,10 +196,14 @@ class Daemon:
         if self.sharing:  # the indexes of the shards we own first: the other nodes ask for them
             self.sharing.know(found)
             self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
-        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=IndexProgress(self._index_progress),
-                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None,
-                                     keep=self.keeper.reading if self.keeper else None)
+        # (Not with peers: their indexes come from the shards' owners.)
+        self.saved_view = None if self.sharing else SavedView(self.sources, opts.index_dir, self.layout, self.columns)
+        view = self.saved_view.load(found) if self.saved_view else None
+        if view is None:
+            view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
+                                         progress=IndexProgress(self._index_progress),
+                                         found=found, fetch_index=self.sharing.fetch if self.sharing else None,
+                                         keep=self.keeper.reading if self.keeper else None)
         view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
@@ -266,7 +272,8 @@ class Daemon:
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
         try:
-            self.server = Server(self.fs, self.slots, self.mountpoint, options)
+            self.server = Server(self.fs, self.slots, self.mountpoint, options,
+                                 self.saved_view.table(view, self.slots) if self.saved_view else None)
         except OSError as exc:  # libfuse or fusermount3 said why just above
             raise UsageError(f"{exc}{_why_mounts_are_refused()}") from None
         _return_freed_memory()
@@ -274,6 +281,8 @@ class Daemon:
 
     def _stop(self, seconds: float) -> None:
         """After the loop: stop what runs beside it, and log the summary."""
+        if self.saved_view:
+            self.saved_view.wait()
         self.notifier.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -371,6 +380,8 @@ class Daemon:
 
     def _ready(self) -> None:
         log.info("mounted at %s", self.mountpoint)
+        if self.saved_view:
+            self.saved_view.save_in_background()
         if self.ready_fd is not None:
             os.write(self.ready_fd, json.dumps(self.figures()).encode() + b"\n")
             os.close(self.ready_fd)

@@ -1,0 +1,70 @@
+"""The daemon's use of saved views (view/snapshot.py): the mount's view and table from the saved
+view when it is current, else made as before and saved for the next mount once mounted.
+
+Only for mounts whose view is made from local index files alone: not with peers (indexes from
+the owners), not for remote shards (``Dataset.index_ids`` is None for them), and never at a
+rescan (SIGHUP makes its view the normal way and writes nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from shardfs.view import snapshot
+from shardfs.view.dataset import Dataset
+
+log = logging.getLogger(__name__)
+
+
+class SavedView:
+    def __init__(self, sources: list[str], index_dir: str | None, layout, columns):
+        """Before the view is made: the layout's key is the options' (a merge widens its labels)."""
+        self.index_dir = index_dir
+        self.path, self.key = snapshot.place(sources, index_dir, layout, columns)
+        self._derived: dict | None = None  # the table's arrays: from the file, or to be saved
+        self._loaded = False
+        self._view: Dataset | None = None
+        self._writer: threading.Thread | None = None
+
+    def load(self, found: list[str]) -> Dataset | None:
+        got = snapshot.load(self.path, self.key, found, self.index_dir)
+        if got is None:
+            return None
+        view, self._derived = got
+        self._loaded = True
+        log.info("view mapped from %s, saved by an earlier mount", self.path)
+        return view
+
+    def table(self, view: Dataset, slots):
+        """The request loop's table of ``view``: from the saved arrays when ``view`` was loaded."""
+        from shardfs.fuse import table  # (loads libfuse: imported by the daemon only once it mounts)
+
+        if self._loaded:
+            derived, self._derived = self._derived, None
+            return table.from_saved(view, slots, derived)
+        if view.index_ids is None:
+            return table.build(view, slots)
+        built, self._derived = table.build_keeping(view, slots)
+        self._view = view
+        return built
+
+    def save_in_background(self) -> None:
+        """Once mounted (the mount does not wait for it): write the view made for the next mount."""
+        if self._derived is None or self._view is None:
+            return
+        view, derived = self._view, self._derived
+        self._view = self._derived = None
+
+        def run():
+            try:
+                snapshot.save(self.path, self.key, view, derived)
+            except Exception:  # never the mount's end: the next mount merges the indexes again
+                log.exception("saving the view in %s failed", self.path)
+        self._writer = threading.Thread(target=run, name="shardfs-save-view", daemon=True)
+        self._writer.start()
+
+    def wait(self) -> None:
+        """At the end: a view being written is finished (not left as a temporary file)."""
+        if self._writer is not None:
+            self._writer.join()
