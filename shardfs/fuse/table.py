@@ -135,7 +135,8 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
 
 
 def build_keeping(view: Dataset, slots: Slots) -> tuple[_lowlevel.Table, dict]:
-    """(the table, its DERIVED arrays with the children in the order the table sorted them): to be saved."""
+    """(the table, its DERIVED arrays with the children in the order the table sorted them): to be
+    saved. The children are the table's own memory: the arrays are good while the table is held."""
     arrays = _arrays(view)
     table = _table(view, slots, arrays)
     arrays["children"] = np.frombuffer(table.sorted_children(), np.uint32)

@@ -25,6 +25,7 @@ class SavedView:
         self._derived: dict | None = None  # the table's arrays: from the file, or to be saved
         self._loaded = False
         self._view: Dataset | None = None
+        self._table = None
         self._writer: threading.Thread | None = None
 
     def load(self, found: list[str]) -> Dataset | None:
@@ -46,23 +47,25 @@ class SavedView:
         if view.index_ids is None:
             return table.build(view, slots)
         built, self._derived = table.build_keeping(view, slots)
-        self._view = view
+        self._view, self._table = view, built  # (held while saved: the children are its memory)
         return built
 
     def save_in_background(self) -> None:
         """Once mounted (the mount does not wait for it): write the view made for the next mount."""
         if self._derived is None or self._view is None:
             return
-        view, derived = self._view, self._derived
-        self._view = self._derived = None
-
-        def run():
-            try:
-                snapshot.save(self.path, self.key, view, derived)
-            except Exception:  # never the mount's end: the next mount merges the indexes again
-                log.exception("saving the view in %s failed", self.path)
-        self._writer = threading.Thread(target=run, name="shardfs-save-view", daemon=True)
+        # The table goes with the arrays (a rescan may swap it out meanwhile); the thread lets go of
+        # both once done.
+        args = (self._view, self._derived, self._table)
+        self._view = self._derived = self._table = None
+        self._writer = threading.Thread(target=self._save, args=args, name="shardfs-save-view", daemon=True)
         self._writer.start()
+
+    def _save(self, view: Dataset, derived: dict, held) -> None:
+        try:
+            snapshot.save(self.path, self.key, view, derived)
+        except Exception:  # never the mount's end: the next mount merges the indexes again
+            log.exception("saving the view in %s failed", self.path)
 
     def wait(self) -> None:
         """At the end: a view being written is finished (not left as a temporary file)."""

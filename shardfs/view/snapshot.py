@@ -67,10 +67,11 @@ STALE_TEMP_S = 600.0  # a temporary file this old was left by a writer that was 
 
 def place(sources: list[str], index_dir: str | None, layout, columns) -> tuple[str, str]:
     """(the snapshot's file, the key it is saved under): one per set of sources and view options."""
-    key = json.dumps({"sources": [os.path.abspath(s) for s in sources], "index_dir": index_dir,
-                      "layout": repr(layout), "columns": str(columns), "code": _code_id()}, sort_keys=True)
-    name = "view-" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20] + SUFFIX
-    return os.path.join(index_dir or cache_dir(), name), key
+    which = json.dumps({"sources": [os.path.abspath(s) for s in sources], "index_dir": index_dir,
+                        "layout": repr(layout), "columns": str(columns)}, sort_keys=True)
+    name = "view-" + hashlib.sha256(which.encode("utf-8", "surrogateescape")).hexdigest()[:20] + SUFFIX
+    # (Another shardfs writes the same file again: no file left behind per version.)
+    return os.path.join(index_dir or cache_dir(), name), json.dumps([which, _code_id()])
 
 
 def _code_id() -> str:
