@@ -35,7 +35,7 @@ from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
-from shardfs.service.saved_view import SavedView
+from shardfs.service.saved_view import SavedView, saved_views_wanted
 from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
 from shardfs.errors import UsageError
@@ -197,8 +197,10 @@ class Daemon:
             self.sharing.know(found)
             self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
         # (Not with peers: their indexes come from the shards' owners.)
-        self.saved_view = None if self.sharing else SavedView(self.sources, opts.index_dir, self.layout, self.columns)
+        if not self.sharing and saved_views_wanted():
+            self.saved_view = SavedView(self.sources, opts.index_dir, self.layout, self.columns)
         view = self.saved_view.load(found) if self.saved_view else None
+        mapped = view is not None
         if view is None:
             view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
                                          progress=IndexProgress(self._index_progress),
@@ -210,7 +212,7 @@ class Daemon:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, %d from peers, rest loaded)", _describe(view), view.seconds,
                  view.built + (self.sharing.built if self.sharing else 0), view.from_peers)
-        self._index_figures(view)
+        self._index_figures(view, mapped)
         _return_freed_memory()
         return view
 
@@ -327,9 +329,10 @@ class Daemon:
             **({"peers": self.peers.figures()} if self.peers else {}),
         }
 
-    def _index_figures(self, view: datasets.Dataset) -> None:
+    def _index_figures(self, view: datasets.Dataset, mapped: bool = False) -> None:
+        """``mapped``: the view is a saved view's (saved_view.py)."""
         self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built,
-                              "indexes_from_peers": view.from_peers}
+                              "indexes_from_peers": view.from_peers, "view_mapped": mapped}
 
     def _indexes(self) -> dict:
         """The last index load's figures; built: also those built for the peers (owned shards first)."""

@@ -9,12 +9,19 @@ rescan (SIGHUP makes its view the normal way and writes nothing).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from shardfs.view import snapshot
 from shardfs.view.dataset import Dataset
 
 log = logging.getLogger(__name__)
+
+
+def saved_views_wanted() -> bool:
+    """SHARDFS_SAVED_VIEW=0: mounts neither map nor write saved views (where the index or cache
+    directory has no room for a file about the size of the indexes, or to measure the merge)."""
+    return os.environ.get("SHARDFS_SAVED_VIEW", "1") != "0"
 
 
 class SavedView:

@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-import shardfs
 from shardfs.atomic import atomic_file
 from shardfs.dirs import cache_dir
 from shardfs.index import store as index_store
@@ -77,11 +76,12 @@ def place(sources: list[str], index_dir: str | None, layout, columns) -> tuple[s
 def _code_id() -> str:
     """This shardfs: its version and the files of the code that makes a view (a checkout edited
     since the snapshot was written, or another release, makes views anew)."""
-    root = os.path.dirname(shardfs.__file__)
-    files = sorted(glob.glob(os.path.join(root, "index", "*.py")) + glob.glob(os.path.join(root, "view", "*.py"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package's (its version: __init__.py)
+    files = sorted([os.path.join(root, "__init__.py")]
+                   + glob.glob(os.path.join(root, "index", "*.py")) + glob.glob(os.path.join(root, "view", "*.py"))
                    + glob.glob(os.path.join(root, "formats", "*.py")) + glob.glob(os.path.join(root, "formats", "*.so"))
                    + glob.glob(os.path.join(root, "fuse", "table.py")) + glob.glob(os.path.join(root, "fuse", "*.so")))
-    digest = hashlib.sha256(shardfs.__version__.encode())
+    digest = hashlib.sha256()
     for path in files:
         st = os.stat(path)
         digest.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
@@ -186,8 +186,9 @@ def load(path: str, key: str, found: list[str], index_dir: str | None) -> tuple[
     except FileNotFoundError:
         log.info("no saved view of these shards (%s): merging their indexes", path)
         return None
-    except (OSError, ValueError) as exc:
-        why = f"unreadable or damaged ({exc})"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # (fields missing or of other types)
+        why = f"unreadable or damaged ({type(exc).__name__}: {exc})" if not isinstance(exc, (OSError, ValueError)) \
+            else f"unreadable or damaged ({exc})"
     if why is not None:
         log.info("saved view %s not used: %s; merging the indexes and saving it again", path, why)
         return None
@@ -216,7 +217,10 @@ def _not_current(shards: list, found: list[str], index_dir: str | None) -> str |
     if [s[0] for s in shards] != sorted(found):
         return "the shards are not those it was made from (added, removed or renamed)"
     for path, size, mtime_ns, index_path, index_id in shards:
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return f"{path} cannot be stat'ed ({exc.strerror})"
         if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
             return f"{path} changed since"
         if not index_store.found_first(path, index_path, index_dir):
