@@ -190,3 +190,18 @@ def test_other_view_options_do_not_use_the_saved_view(tmp_path, mount):
     assert MAPPED in log and again == plain
     assert snapshot.place([str(src)], None, None, Columns())[0] != \
         snapshot.place([str(src)], None, layouts.from_options("imagefolder", None), Columns())[0]
+
+
+def test_saved_views_turned_off_are_neither_written_nor_mapped(tmp_path, mount, monkeypatch):
+    src = tmp_path / "src"
+    _shards(src)
+    on, _ = _mounted(mount, src, "on")
+    view_file = _view_file(src)
+    monkeypatch.setenv("SHARDFS_SAVED_VIEW", "0")
+    os.unlink(view_file)
+    m = mount(src, options=("--index-dir", str(tmp_path / "idx")), name="off")
+    assert _served(m.path) == on
+    shardfs_cmd("umount", m.path, check=True)
+    log = m.log()
+    assert "index ready in" in log and SAVED not in log and MAPPED not in log and "saved view" not in log
+    assert not os.path.exists(view_file)

@@ -186,9 +186,10 @@ def load(path: str, key: str, found: list[str], index_dir: str | None) -> tuple[
     except FileNotFoundError:
         log.info("no saved view of these shards (%s): merging their indexes", path)
         return None
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # (fields missing or of other types)
-        why = f"unreadable or damaged ({type(exc).__name__}: {exc})" if not isinstance(exc, (OSError, ValueError)) \
-            else f"unreadable or damaged ({exc})"
+    except (OSError, ValueError) as exc:
+        why = f"unreadable or damaged ({exc})"
+    except (KeyError, TypeError, IndexError) as exc:  # a header's fields missing or of other types
+        why = f"unreadable or damaged ({type(exc).__name__}: {exc})"
     if why is not None:
         log.info("saved view %s not used: %s; merging the indexes and saving it again", path, why)
         return None
