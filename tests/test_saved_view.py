@@ -87,7 +87,7 @@ def test_saved_view_restores_every_array(tmp_path):
     path, key = snapshot.place([str(src)], index_dir, None, Columns())
     made = open_dataset([str(src)], index_dir, found=found)
     made_table, derived = table.build_keeping(made, table.Slots())
-    assert snapshot.save(path, key, made, derived)
+    assert snapshot.save(path, key, made, derived, index_dir)
     view, saved = snapshot.load(path, key, found, index_dir)
 
     tree, other = view.tree, made.tree
@@ -205,3 +205,18 @@ def test_saved_views_turned_off_are_neither_written_nor_mapped(tmp_path, mount, 
     log = m.log()
     assert "index ready in" in log and SAVED not in log and MAPPED not in log and "saved view" not in log
     assert not os.path.exists(view_file)
+
+
+def test_an_index_kept_in_the_index_dir_maps_while_what_is_beside_the_shard_stays(tmp_path, mount):
+    src = tmp_path / "src"
+    _shards(src)
+    beside = str(src / "a.tar") + ".shardfs-idx"
+    os.mkdir(beside)  # not an index: a.tar's goes to the index directory
+    first, log = _mounted(mount, src, "first")
+    assert any(n.startswith("a.tar.") for n in os.listdir(tmp_path / "idx"))
+    again, log = _mounted(mount, src, "again")
+    assert MAPPED in log and again == first
+    os.rmdir(beside)  # the index beside the shard would now be looked for first
+    seen, log = _mounted(mount, src, "moved")
+    assert "a.tar: the places its index is looked for first hold something else now" in log and MAPPED not in log
+    assert seen == first

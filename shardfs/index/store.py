@@ -57,12 +57,20 @@ def _real_dir(path: str) -> str:
     return os.path.realpath(path)
 
 
-def found_first(shard_path: str, index_path: str, index_dir: str | None = None) -> bool:
-    """Whether ``index_path`` is the place find_current looks first among those that exist now
-    (candidate_paths; only the lookup of names, no index is read)."""
+def looked_at_first(shard_path: str, index_path: str, index_dir: str | None = None) -> list | None:
+    """What is now in the places find_current looks before ``index_path`` (candidate_paths): per
+    place, its file_id or None where nothing is; None if ``index_path`` is not one of the places.
+    (Beside the shard comes first: for indexes kept there, one realpath and no stat.)"""
     real = _realpath(shard_path)
     beside = real + INDEX_SUFFIX
-    return index_path == beside or (index_path == cached_path(real, index_dir) and not os.path.lexists(beside))
+    if index_path == beside:
+        return []
+    if index_path != cached_path(real, index_dir):
+        return None
+    try:
+        return [list(file_id(os.stat(beside)))]
+    except FileNotFoundError:
+        return [None]
 
 
 def stored_bytes(shard_paths: list[str], index_dir: str | None = None) -> int:

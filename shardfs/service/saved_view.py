@@ -70,7 +70,7 @@ class SavedView:
 
     def _save(self, view: Dataset, derived: dict, held) -> None:
         try:
-            snapshot.save(self.path, self.key, view, derived)
+            snapshot.save(self.path, self.key, view, derived, self.index_dir)
         except Exception:  # never the mount's end: the next mount merges the indexes again
             log.exception("saving the view in %s failed", self.path)
 

@@ -12,7 +12,7 @@ One file per set of sources and options (in the index directory, else the cache 
 written atomically after a mount that made its view from index files (``save``). ``load`` uses
 it only when everything it was made from is as it was: the same shards (paths, sizes, mtimes),
 each with the same index file in the same place (device, inode, size, mtime: a rebuilt or
-replaced index is another file), this shardfs (its version and its view-making code files),
+replaced index is another file) and the same in the places looked at before it, this shardfs (its version and its view-making code files),
 the same options; and its bytes checked whole (CRC-32 of every array, of the header too) before
 anything is used. Anything else: None, with one log line, and the mount merges the indexes as
 before and writes the file anew. Never used for remote shards, peers or rescans (their views
@@ -91,9 +91,9 @@ def _code_id() -> str:
 # ---- writing ---------------------------------------------------------------
 
 
-def save(path: str, key: str, view: Dataset, table_arrays: dict) -> bool:
-    """Write ``view`` (made from index files: ``view.index_ids``) and its table's arrays to ``path``
-    atomically; False (logged) if it cannot be written."""
+def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str | None) -> bool:
+    """Write ``view`` (made from index files: ``view.index_ids``, with ``index_dir``) and its
+    table's arrays to ``path`` atomically; False (logged) if it cannot be written."""
     if view.index_ids is None:
         return False
     started = time.monotonic()
@@ -104,7 +104,11 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict) -> bool:
               for n, a in table_arrays.items()]
     meta = {
         "key": key,
-        "shards": [[s.path, s.size, s.mtime_ns, s.index_path, list(i)] for s, i in zip(view.shards, view.index_ids)],
+        # Per shard also what was where its index was looked for first (an older index beside a shard
+        # on read-only storage, its current one in the cache directory): the same there next time.
+        "shards": [[s.path, s.size, s.mtime_ns, s.index_path, list(i),
+                    index_store.looked_at_first(s.path, s.index_path, index_dir)]
+                   for s, i in zip(view.shards, view.index_ids)],
         "problems": view.problems, "damaged": view.damaged, "tree": values, "arrays": [],
     }
     at = 0
@@ -217,15 +221,15 @@ def _not_current(shards: list, found: list[str], index_dir: str | None) -> str |
     """Why the shards and their index files are not those the view was made from, or None."""
     if [s[0] for s in shards] != sorted(found):
         return "the shards are not those it was made from (added, removed or renamed)"
-    for path, size, mtime_ns, index_path, index_id in shards:
+    for path, size, mtime_ns, index_path, index_id, first in shards:
         try:
             st = os.stat(path)
         except OSError as exc:
             return f"{path} cannot be stat'ed ({exc.strerror})"
         if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
             return f"{path} changed since"
-        if not index_store.found_first(path, index_path, index_dir):
-            return f"{path}: another index file is found first now"
+        if index_store.looked_at_first(path, index_path, index_dir) != first:
+            return f"{path}: the places its index is looked for first hold something else now"
         try:
             if list(file_id(os.stat(index_path))) != index_id:
                 return f"{path}: its index file {index_path} was written again since"
@@ -261,7 +265,7 @@ def _mapped(f, meta: dict) -> tuple[Dataset, dict]:
     tree_arrays["names"] = names
     tree = Tree.restore(tree_arrays, meta["tree"])
     shards = []
-    for path, size, mtime_ns, index_path, _ in meta["shards"]:
+    for path, size, mtime_ns, index_path, *_ in meta["shards"]:
         shard = LocalShard(path, size, mtime_ns)
         shard.index_path = index_path
         shards.append(shard)
