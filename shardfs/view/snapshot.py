@@ -116,18 +116,10 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str 
         meta["arrays"].append({"name": name, "dtype": a.dtype.str, "count": len(a), "offset": at,
                                "crc": _crcs(memoryview(a).cast("B"))})
         at = _aligned(at + a.nbytes, 8)
-    body_len = at
+    meta["body_length"] = at
     meta["names"] = {"length": len(names), "crc": _crcs(memoryview(names).cast("B") if len(names) else b"")}
-    # Offsets in the body; the names' from the file's start, at a page boundary.
-    head = _encoded(meta, body_len)
-    names_at = _aligned(_HEADER.size + len(head) + body_len, mmap.ALLOCATIONGRANULARITY)
-    meta["names"]["offset"] = names_at
-    head = _encoded(meta, body_len)
-    names_at2 = _aligned(_HEADER.size + len(head) + body_len, mmap.ALLOCATIONGRANULARITY)
-    if names_at2 != names_at:  # (the offset's digits moved it past a page boundary: once more)
-        meta["names"]["offset"] = names_at2
-        head = _encoded(meta, body_len)
-    names_at = meta["names"]["offset"]
+    head = _encoded(meta)
+    names_at = _names_at(len(head), at)
     _remove_stale_temps(path)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -141,7 +133,7 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str 
                 pad = _aligned(written, 8) - written
                 out.write(b"\0" * pad)
                 written += pad
-            out.write(b"\0" * (names_at - (_HEADER.size + len(head) + body_len)))
+            out.write(b"\0" * (names_at - (_HEADER.size + len(head) + written)))
             out.write(names)
     except OSError as exc:
         log.warning("could not save the view in %s (%s): the next mount merges the indexes again", path, exc)
@@ -151,7 +143,12 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str 
     return True
 
 
-def _encoded(meta: dict, body_len: int) -> bytes:
+def _names_at(head_len: int, body_len: int) -> int:
+    """Where the names start: the first page boundary after the arrays (mapped on their own)."""
+    return _aligned(_HEADER.size + head_len + body_len, mmap.ALLOCATIONGRANULARITY)
+
+
+def _encoded(meta: dict) -> bytes:
     """The JSON header, padded with spaces so that the body after it starts 8-byte aligned."""
     text = json.dumps(meta).encode("utf-8", "surrogateescape")
     return text + b" " * (_aligned(_HEADER.size + len(text), 8) - _HEADER.size - len(text))
@@ -186,7 +183,7 @@ def load(path: str, key: str, found: list[str], index_dir: str | None) -> tuple[
         with open(path, "rb", buffering=0) as f:
             why, meta = _header(f, key, found, index_dir)
             if why is None:
-                view, table_arrays = _mapped(f, meta)
+                view, table_arrays = _mapped(f, meta, body_at=f.tell())
     except FileNotFoundError:
         log.info("no saved view of these shards (%s): merging their indexes", path)
         return None
@@ -238,29 +235,28 @@ def _not_current(shards: list, found: list[str], index_dir: str | None) -> str |
     return None
 
 
-def _mapped(f, meta: dict) -> tuple[Dataset, dict]:
-    """The arrays mapped from the file (read-only) and checked whole, made into the view."""
-    names_meta = meta["names"]
+def _mapped(f, meta: dict, body_at: int) -> tuple[Dataset, dict]:
+    """The arrays mapped from the file (read-only) and checked whole, made into the view.
+    ``body_at``: where the arrays start (after the header)."""
+    names_at, names_len = _names_at(body_at - _HEADER.size, meta["body_length"]), meta["names"]["length"]
     whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if len(whole) != names_meta["offset"] + names_meta["length"]:
-        raise ValueError(f"{len(whole)} bytes, it was written with {names_meta['offset'] + names_meta['length']}")
+    if len(whole) != names_at + names_len:
+        raise ValueError(f"{len(whole)} bytes, it was written with {names_at + names_len}")
     whole.madvise(mmap.MADV_WILLNEED)  # read ahead in large requests, while the first pieces are checked
-    body_at = _body_offset(whole)
     arrays, pieces = {}, []
     for a in meta["arrays"]:
         dtype = np.dtype(a["dtype"])
         at = body_at + a["offset"]
-        if at % 8 or at + a["count"] * dtype.itemsize > names_meta["offset"]:
+        if at % 8 or at + a["count"] * dtype.itemsize > names_at:
             raise ValueError(f"array {a['name']} out of place")
         arrays[a["name"]] = np.frombuffer(whole, dtype, a["count"], at)
         pieces += _pieces(whole, at, a["count"] * dtype.itemsize, a["crc"])
-    pieces += _pieces(whole, names_meta["offset"], names_meta["length"], names_meta["crc"])
+    pieces += _pieces(whole, names_at, names_len, meta["names"]["crc"])
     with ThreadPoolExecutor(CHECKERS, thread_name_prefix="shardfs-view-check") as pool:
         bad = [at for at, ok in pool.map(_check, pieces) if not ok]
     if bad:
         raise ValueError(f"its checksum does not match at byte {bad[0]}")
-    names = (mmap.mmap(f.fileno(), names_meta["length"], offset=names_meta["offset"], access=mmap.ACCESS_READ)
-             if names_meta["length"] else b"")
+    names = mmap.mmap(f.fileno(), names_len, offset=names_at, access=mmap.ACCESS_READ) if names_len else b""
     tree_arrays = {n[5:]: a for n, a in arrays.items() if n.startswith("tree.")}
     tree_arrays["names"] = names
     tree = Tree.restore(tree_arrays, meta["tree"])
@@ -272,11 +268,6 @@ def _mapped(f, meta: dict) -> tuple[Dataset, dict]:
     view = Dataset(tree, shards, meta["problems"], 0.0, 0, meta["damaged"],
                    index_ids=[tuple(s[4]) for s in meta["shards"]])
     return view, {n[6:]: a for n, a in arrays.items() if n.startswith("table.")}
-
-
-def _body_offset(whole: mmap.mmap) -> int:
-    _, _, _, length = _HEADER.unpack(whole[:_HEADER.size])
-    return _HEADER.size + length
 
 
 def _pieces(whole: mmap.mmap, at: int, length: int, crcs: list[int]) -> list:
