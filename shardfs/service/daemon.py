@@ -383,8 +383,6 @@ class Daemon:
 
     def _ready(self) -> None:
         log.info("mounted at %s", self.mountpoint)
-        if self.saved_view:
-            self.saved_view.save_in_background()
         if self.ready_fd is not None:
             os.write(self.ready_fd, json.dumps(self.figures()).encode() + b"\n")
             os.close(self.ready_fd)
@@ -398,6 +396,8 @@ class Daemon:
             self.metrics = TextfileWriter(self.opts.metrics_dir, self.mountpoint, self.fs.figures,
                                           self.opts.metrics_interval)
             self.metrics.start()
+        if self.saved_view:  # (after the ready message: the mount does not wait for it)
+            self.saved_view.save_in_background()
 
     def _healthy(self) -> bool:
         """The watchdog's question: does the mount answer? (statfs goes through the FUSE loop.)"""

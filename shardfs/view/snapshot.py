@@ -1,22 +1,25 @@
 """A merged view saved once and mapped again by the next mount of the same shards ("view snapshot").
 
-A remount of 4,000,000 members spent ~2.5 s reading 2,000 index files and merging them into the
-tree, then ~1 s deriving the request loop's table (sorting every directory's children by name)
-and, on this machine kind, as long again touching the fresh memory all that went into. What a
-mount ends up with depends only on the shards as they are, their index files, the options that
-shape the view (layout, --columns, where indexes live) and this code: saved in one file, the
-next mount with all of that unchanged maps it read-only (pages come from the page cache, or
-from the disk as they are touched) and hands its arrays to the tree and the table as they are.
+A remount of 4,000,000 members in 2,000 shards spent ~2.1 s reading the index files and merging
+them into the tree, then ~0.85 s deriving the request loop's table (0.7 s of it sorting every
+directory's children by name), most of it in memory touched for the first time (see
+index/member_columns.py). What a mount ends up with depends only on the shards as they are,
+their index files, the options that shape the view (layout, --columns, where indexes live) and
+this code: saved in one file, the next mount with all of that unchanged maps it read-only (pages
+come from the page cache, or from the disk in large read-ahead requests) and hands its arrays
+to the tree and the table as they are. Measured at 4M members, page cache dropped: remount
+1.76 s against 5.17 s merging the indexes (tools/bench_scale.py).
 
 One file per set of sources and options (in the index directory, else the cache directory),
-written atomically after a mount that made its view from index files (``save``). ``load`` uses
-it only when everything it was made from is as it was: the same shards (paths, sizes, mtimes),
-each with the same index file in the same place (device, inode, size, mtime: a rebuilt or
-replaced index is another file) and the same in the places looked at before it, this shardfs (its version and its view-making code files),
-the same options; and its bytes checked whole (CRC-32 of every array, of the header too) before
-anything is used. Anything else: None, with one log line, and the mount merges the indexes as
-before and writes the file anew. Never used for remote shards, peers or rescans (their views
-are made the normal way; a rescan does not write one).
+written atomically by a thread after a mount that made its view from index files (``save``).
+``load`` uses it only when everything it was made from is as it was: the same shards (paths,
+sizes, mtimes), each with the same index file in the same place (device, inode, size, mtime: a
+rebuilt or replaced index is another file) and the same in the places looked at before it; this
+shardfs (its version and the files of its view-making code); the same options; and its bytes
+checked whole (CRC-32 of every array, of the header too) before anything is used. Anything else:
+None, with one log line, and the mount merges the indexes as before and writes the file anew.
+Never used for remote shards, peers or rescans (their views are made the normal way; a rescan
+does not write one).
 
 Safety of the mapped bytes: they are checked after mapping, before use; the file is only ever
 replaced by a rename, so the mapped inode does not change under the daemon (a file truncated
