@@ -16,8 +16,10 @@ log = logging.getLogger(__name__)
 
 
 class Server:
-    def __init__(self, ops: ShardFS, slots: table.Slots, mountpoint: str, options: list[str]):
-        """Mounts at once (``options`` as for mount -o); ``loop`` then serves until unmounted."""
+    def __init__(self, ops: ShardFS, slots: table.Slots, mountpoint: str, options: list[str],
+                 first_table: _lowlevel.Table | None = None):
+        """Mounts at once (``options`` as for mount -o); ``loop`` then serves until unmounted.
+        ``first_table``: the table of ``ops.view``, if made already (a saved view's)."""
         self.ops, self.slots = ops, slots
         ops.stats.add_source(self.counts)
         # SHARDFS_PUSH_ON_OPEN=0 turns off putting a member looked up just now in the page cache with
@@ -26,7 +28,8 @@ class Server:
         # SHARDFS_READDIRPLUS=0: listings without attributes (the kernel makes no inode per entry
         # listed; each file opened later costs a LOOKUP): for comparisons of what listings cost.
         plus = os.environ.get("SHARDFS_READDIRPLUS", "1") != "0"
-        self.session = _lowlevel.Session(ops, table.build(ops.view, slots), mountpoint, ",".join(options),
+        first_table = table.build(ops.view, slots) if first_table is None else first_table
+        self.session = _lowlevel.Session(ops, first_table, mountpoint, ",".join(options),
                                          TIMEOUT, NEGATIVE_TIMEOUT, push=push, readdirplus=plus)
 
     def loop(self, max_threads: int, max_idle_threads: int) -> int:

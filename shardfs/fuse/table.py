@@ -125,7 +125,57 @@ def _children(ndirs: int, dir_parent: np.ndarray, listing: np.ndarray, listing_s
     return children, child_start.astype(np.uint32)
 
 
+# The table's arrays that are not the tree's own: what a saved view (view/snapshot.py) keeps beside the tree's.
+DERIVED = ("ino", "by_ino", "by_ino_node", "dir_names", "dir_name_end", "dir_mode", "dir_nlink", "dir_mtime_ns",
+           "dir_parent", "child_start", "children", "shard_raw")
+
+
 def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
+    return _table(view, slots, _arrays(view))
+
+
+def build_keeping(view: Dataset, slots: Slots) -> tuple[_lowlevel.Table, dict]:
+    """(the table, its DERIVED arrays with the children in the order the table sorted them): to be
+    saved. The children are the table's own memory: the arrays are good while the table is held."""
+    arrays = _arrays(view)
+    table = _table(view, slots, arrays)
+    arrays["children"] = np.frombuffer(table.sorted_children(), np.uint32)
+    return table, {name: arrays[name] for name in DERIVED}
+
+
+def from_saved(view: Dataset, slots: Slots, derived: dict) -> _lowlevel.Table:
+    """The table of ``view`` from the DERIVED arrays a table of the same view had (build_keeping),
+    read from a saved view: nothing computed again, the children's order checked by the table."""
+    return _table(view, slots, {**derived, **_tree_arrays(view.tree)}, children_sorted=True)
+
+
+def _tree_arrays(tree) -> dict:
+    # A sparse member is not one byte range of the shard: an offset of -1 sends its reads to Python.
+    offset = np.ascontiguousarray(tree.offset, np.int64)
+    if tree.sparse:
+        offset = offset.copy()
+        offset[list(tree.sparse)] = -1
+    return {
+        "names": tree.names,
+        "name_end": np.ascontiguousarray(tree.name_end, np.int64),
+        "size": np.ascontiguousarray(tree.size, np.int64),
+        "offset": offset,
+        "shard": np.ascontiguousarray(tree.shard, np.uint32),
+        "mode": np.ascontiguousarray(tree.mode, np.uint16),
+        "kind": np.ascontiguousarray(tree.kind, np.uint8),
+        "mtime": np.ascontiguousarray(tree.mtime, np.float64),
+    }
+
+
+def _table(view: Dataset, slots: Slots, arrays: dict, children_sorted: bool = False) -> _lowlevel.Table:
+    tree = view.tree
+    return _lowlevel.Table(arrays, view, tuple(slots.slot(s) for s in view.shards), ndirs=tree.ndirs,
+                           nmembers=len(tree.size), nsorted=len(arrays["by_ino"]), symlink_kind=int(Kind.SYMLINK),
+                           uid=os.getuid(), gid=os.getgid(), files=tree.nfiles, total_size=tree.total_size,
+                           children_sorted=children_sorted)
+
+
+def _arrays(view: Dataset) -> dict:
     tree = view.tree
     ndirs, nmembers = tree.ndirs, len(tree.size)
     dir_paths = [d.path for d in tree.dirs]
@@ -159,13 +209,9 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         children = children[keep]
         child_start = np.searchsorted(child_parent[keep], np.arange(ndirs + 1)).astype(np.uint32)
 
-    # A sparse member is not one byte range of the shard: an offset of -1 sends its reads to Python.
-    offset = np.ascontiguousarray(tree.offset, np.int64)
-    if tree.sparse:
-        offset = offset.copy()
-        offset[list(tree.sparse)] = -1
     name_lengths = np.fromiter((len(p) for p in dir_paths), np.int64, ndirs)
-    arrays = {
+    return {
+        **_tree_arrays(tree),
         "ino": ino,
         "by_ino": keys,
         "by_ino_node": nodes,
@@ -177,22 +223,11 @@ def build(view: Dataset, slots: Slots) -> _lowlevel.Table:
         "dir_parent": dir_parent,
         "child_start": child_start,
         "children": children,
-        "names": tree.names,
-        "name_end": np.ascontiguousarray(tree.name_end, np.int64),
-        "size": np.ascontiguousarray(tree.size, np.int64),
-        "offset": offset,
-        "shard": np.ascontiguousarray(tree.shard, np.uint32),
-        "mode": np.ascontiguousarray(tree.mode, np.uint16),
-        "kind": np.ascontiguousarray(tree.kind, np.uint8),
-        "mtime": np.ascontiguousarray(tree.mtime, np.float64),
         # Only where a shard's members are byte ranges of it as stored (tar, Arrow, HDF5, Parquet
         # without compressed pages) can the loop copy them from the cached shard; the others (lz4
         # blocks, compressed Parquet pages) go through their layout in Python.
         "shard_raw": view.as_stored().astype(np.uint8),
     }
-    return _lowlevel.Table(arrays, view, tuple(slots.slot(s) for s in view.shards), ndirs=ndirs,
-                           nmembers=nmembers, nsorted=len(keys), symlink_kind=int(Kind.SYMLINK),
-                           uid=os.getuid(), gid=os.getgid(), files=tree.nfiles, total_size=tree.total_size)
 
 
 def directory_inos(view: Dataset) -> list[int]:

@@ -101,6 +101,12 @@ def save(index: ShardIndex, path: str) -> None:
         out.write(index.names)
 
 
+def file_id(st: os.stat_result) -> tuple:
+    """What tells one version of a file from another: a file replaced (written anew and renamed
+    in) or changed in place has another."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def load(path, columns: MemberColumns | None = None) -> ShardIndex:
     """From a file name, or a binary file object (an index fetched from beside a remote shard).
     Raises OSError, OutdatedIndex for another version, ValueError for a damaged file.
@@ -108,7 +114,10 @@ def load(path, columns: MemberColumns | None = None) -> ShardIndex:
     try:
         if isinstance(path, (str, os.PathLike)):
             with open(path, "rb", buffering=0) as f:
-                return _read(f, os.fstat(f.fileno()).st_size, columns)
+                st = os.fstat(f.fileno())
+                index = _read(f, st.st_size, columns)
+                index.stored_id = file_id(st)
+                return index
         data = path.read()
         return _read(io.BytesIO(data), len(data))
     except (KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile) as exc:  # fields missing or wrong

@@ -72,6 +72,7 @@ class ShardIndex:
     warnings: list[str] = field(default_factory=list)
     error: str | None = None  # the scan stopped here; members before it are good
     stored_at: str | None = None  # the index file it was loaded from or saved to (not persisted)
+    stored_id: tuple | None = None  # that file's file_id when it was read or written (not persisted)
     shard_tag: str = ""  # remote shards: the object's ETag (or Last-Modified) it was built from
     shard_fingerprint: str = ""  # fingerprint.of the shard it was built from ("" in older indexes)
     legacy: bool = False  # read from an older file format: the store writes it again (not persisted)

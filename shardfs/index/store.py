@@ -17,7 +17,7 @@ import threading
 
 from shardfs.dirs import cache_dir
 from shardfs.index import fingerprint
-from shardfs.index.index_file import OutdatedIndex, load, save
+from shardfs.index.index_file import OutdatedIndex, file_id, load, save
 from shardfs.index.member_columns import MemberColumns
 from shardfs.formats import DATA_FORMATS
 from shardfs.formats.datafile import Columns
@@ -55,6 +55,22 @@ def _realpath(path: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _real_dir(path: str) -> str:
     return os.path.realpath(path)
+
+
+def looked_at_first(shard_path: str, index_path: str, index_dir: str | None = None) -> list | None:
+    """What is now in the places find_current looks before ``index_path`` (candidate_paths): per
+    place, its file_id or None where nothing is; None if ``index_path`` is not one of the places.
+    (Beside the shard comes first: for indexes kept there, one realpath and no stat.)"""
+    real = _realpath(shard_path)
+    beside = real + INDEX_SUFFIX
+    if index_path == beside:
+        return []
+    if index_path != cached_path(real, index_dir):
+        return None
+    try:
+        return [list(file_id(os.stat(beside)))]
+    except FileNotFoundError:
+        return [None]
 
 
 def stored_bytes(shard_paths: list[str], index_dir: str | None = None) -> int:
@@ -135,6 +151,7 @@ def _in_current_format(index: ShardIndex, path: str) -> None:
     try:
         save(index, path)
         index.legacy = False
+        index.stored_id = None  # (not the file read: a view saved now would not be found current)
         log.debug("index %s: rewritten in the current format", path)
     except OSError as exc:
         log.info("index %s: cannot rewrite it in the current format (%s); still used", path, exc)
@@ -147,7 +164,7 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save(index, path)
-            index.stored_at = path
+            index.stored_at, index.stored_id = path, file_id(os.stat(path))
             return index, how
         except OSError:
             continue

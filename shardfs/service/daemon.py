@@ -35,6 +35,7 @@ from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
 from shardfs.service.config import MountConfig
 from shardfs.service.notify import Notifier
+from shardfs.service.saved_view import SavedView, saved_views_wanted
 from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
 from shardfs.errors import UsageError
@@ -138,6 +139,7 @@ class Daemon:
         self.metrics = None
         self.peers = None
         self.sharing = None  # with peers: one index build per job (peer_indexes.py)
+        self.saved_view: SavedView | None = None  # the view saved for the next mount (saved_view.py)
         self.ready_fd, self.on_detach = ready_fd, on_detach
         self.notifier = Notifier()
         self.stats = Stats()
@@ -194,17 +196,23 @@ class Daemon:
         if self.sharing:  # the indexes of the shards we own first: the other nodes ask for them
             self.sharing.know(found)
             self.sharing.build_owned(lambda done, total: self._report(f"built {done}/{total} indexes for the peers"))
-        view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
-                                     progress=IndexProgress(self._index_progress),
-                                     found=found, fetch_index=self.sharing.fetch if self.sharing else None,
-                                     keep=self.keeper.reading if self.keeper else None)
+        # (Not with peers: their indexes come from the shards' owners.)
+        if not self.sharing and saved_views_wanted():
+            self.saved_view = SavedView(self.sources, opts.index_dir, self.layout, self.columns)
+        view = self.saved_view.load(found) if self.saved_view else None
+        mapped = view is not None
+        if view is None:
+            view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
+                                         progress=IndexProgress(self._index_progress),
+                                         found=found, fetch_index=self.sharing.fetch if self.sharing else None,
+                                         keep=self.keeper.reading if self.keeper else None)
         view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
             log.warning("%s", line)
         log.info("%s; index ready in %.2f s (%d built, %d from peers, rest loaded)", _describe(view), view.seconds,
                  view.built + (self.sharing.built if self.sharing else 0), view.from_peers)
-        self._index_figures(view)
+        self._index_figures(view, mapped)
         _return_freed_memory()
         return view
 
@@ -266,7 +274,8 @@ class Daemon:
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
         try:
-            self.server = Server(self.fs, self.slots, self.mountpoint, options)
+            self.server = Server(self.fs, self.slots, self.mountpoint, options,
+                                 self.saved_view.table(view, self.slots) if self.saved_view else None)
         except OSError as exc:  # libfuse or fusermount3 said why just above
             raise UsageError(f"{exc}{_why_mounts_are_refused()}") from None
         _return_freed_memory()
@@ -274,6 +283,8 @@ class Daemon:
 
     def _stop(self, seconds: float) -> None:
         """After the loop: stop what runs beside it, and log the summary."""
+        if self.saved_view:
+            self.saved_view.wait()
         self.notifier.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -318,9 +329,10 @@ class Daemon:
             **({"peers": self.peers.figures()} if self.peers else {}),
         }
 
-    def _index_figures(self, view: datasets.Dataset) -> None:
+    def _index_figures(self, view: datasets.Dataset, mapped: bool = False) -> None:
+        """``mapped``: the view is a saved view's (saved_view.py)."""
         self.index_figures = {"index_seconds": round(view.seconds, 3), "indexes_built": view.built,
-                              "indexes_from_peers": view.from_peers}
+                              "indexes_from_peers": view.from_peers, "view_mapped": mapped}
 
     def _indexes(self) -> dict:
         """The last index load's figures; built: also those built for the peers (owned shards first)."""
@@ -384,6 +396,8 @@ class Daemon:
             self.metrics = TextfileWriter(self.opts.metrics_dir, self.mountpoint, self.fs.figures,
                                           self.opts.metrics_interval)
             self.metrics.start()
+        if self.saved_view:  # (after the ready message: the mount does not wait for it)
+            self.saved_view.save_in_background()
 
     def _healthy(self) -> bool:
         """The watchdog's question: does the mount answer? (statfs goes through the FUSE loop.)"""

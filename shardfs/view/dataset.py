@@ -51,6 +51,9 @@ class Dataset:
     built: int  # indexes built in this run (0 on a remount with persisted indexes)
     damaged: int = 0  # shards served up to or around damage (truncated, a bad header): their index has an error
     from_peers: int = 0  # indexes received from peers in this run (built by the shards' owners)
+    # Per shard, the file_id of the index file it was read from or saved to: when the view was made
+    # from every shard the sources have, all local, each from an index file (else None); see snapshot.py.
+    index_ids: list[tuple] | None = None
 
     def layout(self, shard: Shard) -> DataLayout:
         """Where the shard's logical stream lives in its bytes (tar: as is; lz4: blocks), read
@@ -308,5 +311,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     del into  # (the tree keeps the columns it took over)
     problems.extend(tree.problems)
     damaged = sum(1 for p in order if entries[p][0].error)
+    ids = [entries[p][0].stored_id for p in order]
+    whole = previous is None and len(order) == len(paths) and not any(map(is_url, order)) and None not in ids
     return Dataset(tree, [entries[p][1] for p in order], problems, time.monotonic() - started, built, damaged,
-                   from_peers=from_peers)
+                   from_peers=from_peers, index_ids=ids if whole else None)

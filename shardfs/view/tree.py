@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardfs.index import names
+from shardfs.index import index_file, names
 from shardfs.formats.base import Kind
 from shardfs.index.member_columns import MemberColumns
 from shardfs.index.shard_index import ShardIndex, SplitOnUse, path_hash
@@ -82,6 +82,63 @@ class Tree:
         self.subdirs: list[list[int]] = [[]]  # child directory ids
         self._default_mtime = default_mtime
         self._merge(indexes, columns if columns is not None and columns.covers(indexes) else None)
+
+    # ---- saved and restored (view/snapshot.py) ---------------------------
+
+    # The member arrays a tree is made of, beside its names and directories.
+    SAVED = ("shard", "name_end", "kind", "offset", "size", "mode", "mtime", "lookup_hash", "lookup_id", "listing",
+             "listing_start")
+
+    def saved(self) -> tuple[dict, dict]:
+        """(arrays, plain values): all a tree is, for ``restore``."""
+        arrays = {name: getattr(self, name) for name in self.SAVED}
+        paths = [d.path for d in self.dirs]
+        targets = sorted(self.symlinks.items())
+        members, ends, runs = index_file.sparse_tables(self.sparse)
+        arrays.update(
+            names=self.names,
+            dir_paths=np.frombuffer(b"".join(paths), np.uint8),
+            dir_path_end=np.cumsum([len(p) for p in paths], dtype=np.int64),
+            dir_mode=np.array([d.mode for d in self.dirs], np.uint32),
+            dir_mtime=np.array([d.mtime for d in self.dirs], np.float64),
+            dir_explicit=np.array([d.explicit for d in self.dirs], np.uint8),
+            symlink_member=np.array([m for m, _ in targets], np.int64),
+            symlink_targets=np.frombuffer(b"".join(t for _, t in targets), np.uint8),
+            symlink_end=np.cumsum([len(t) for _, t in targets], dtype=np.int64),
+            sparse_member=members, sparse_end=ends, sparse_runs=runs,
+        )
+        values = {"shard_names": self.shard_names, "problems": self.problems, "default_mtime": self._default_mtime,
+                  "total_size": self.total_size}
+        return arrays, values
+
+    @classmethod
+    def restore(cls, arrays: dict, values: dict) -> Tree:
+        """The tree ``saved`` gave these of (the arrays as they were, or read-only maps of them;
+        ``names`` anything bytes-like whose slices are bytes)."""
+        self = cls.__new__(cls)
+        self.shard_names, self.problems = values["shard_names"], values["problems"]
+        self._default_mtime, self.total_size = values["default_mtime"], values["total_size"]
+        for name in cls.SAVED:
+            setattr(self, name, arrays[name])
+        self.names = arrays["names"]
+        self._name_ends = memoryview(self.name_end)
+        paths = _split(bytes(arrays["dir_paths"]), arrays["dir_path_end"])
+        self.dirs = [Dir(p, mode, mtime, bool(explicit)) for p, mode, mtime, explicit in
+                     zip(paths, arrays["dir_mode"].tolist(), arrays["dir_mtime"].tolist(),
+                         arrays["dir_explicit"].tolist())]
+        self.dir_id = {p: d for d, p in enumerate(paths)}
+        self.subdirs = [[] for _ in paths]
+        for d, p in enumerate(paths[1:], 1):  # in the order _add_dir made them
+            self.subdirs[self.dir_id[names.parent_of(p)]].append(d)
+        self.symlinks = dict(zip(arrays["symlink_member"].tolist(),
+                                 _split(bytes(arrays["symlink_targets"]), arrays["symlink_end"])))
+        self.sparse = index_file.sparse_maps(arrays["sparse_member"], arrays["sparse_end"], arrays["sparse_runs"])
+        self.ndirs = len(self.dirs)
+        self.nfiles = len(self.listing)
+        self.dir_nlink = [2 + len(sub) for sub in self.subdirs]
+        self.col = Columns(*map(memoryview, (self.size, self.offset, self.shard, self.mode, self.kind, self.mtime,
+                                             self.lookup_hash, self.lookup_id)))
+        return self
 
     # ---- building -------------------------------------------------------
 
@@ -261,6 +318,11 @@ class Tree:
         d = node - 1
         files = self.listing[self.listing_start[d] : self.listing_start[d + 1]]
         return self.subdirs[d], files
+
+
+def _split(blob: bytes, ends: np.ndarray) -> list[bytes]:
+    starts = [0] + ends[:-1].tolist()
+    return [blob[a:b] for a, b in zip(starts, ends.tolist())]
 
 
 _INODE_SPACE = (1 << 63) - 2

@@ -99,7 +99,8 @@ typedef struct {
     const int64_t *dir_mtime_ns;          /* [ndirs] */
     const uint32_t *dir_parent;           /* [ndirs], node of the parent (the root's is 0) */
     const uint32_t *child_start;          /* [ndirs + 1] */
-    uint32_t *children;                   /* sorted by name here */
+    const uint32_t *children;             /* each directory's sorted by name */
+    uint32_t *own_children;               /* children, when sorted here (else NULL: kept as given) */
     const char *names;                    /* member paths, concatenated */
     const int64_t *name_end;              /* [nmembers] */
     const int64_t *size, *offset;         /* [nmembers] */

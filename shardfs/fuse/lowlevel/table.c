@@ -114,7 +114,7 @@ static int sort_children(Table *t, uint32_t ndirs) {
         }
         qsort(named, n, sizeof(Named), compare_named);
         for (uint32_t i = 0; i < n; i++)
-            t->children[lo + i] = named[i].node;
+            t->own_children[lo + i] = named[i].node;
     }
     free(named);
     return 0;
@@ -200,6 +200,23 @@ void fill_stat(const Table *t, uint32_t n, struct stat *st) {
     st->st_atim = st->st_ctim = st->st_mtim;
 }
 
+/* A bytes-like object's memory, kept in keep for the table's life. */
+static int take_bytes(PyObject *arrays, const char *name, const char **out, Py_ssize_t *len, PyObject *keep) {
+    PyObject *obj = PyDict_GetItemString(arrays, name);
+    if (obj == NULL) {
+        PyErr_Format(PyExc_KeyError, "table array %s missing", name);
+        return -1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    *out = view.buf;
+    *len = view.len;
+    int rc = PyList_Append(keep, obj);
+    PyBuffer_Release(&view);
+    return rc;
+}
+
 /* Fields: (name, address of the pointer, element size). Each array must hold count elements. */
 static int take_array(PyObject *arrays, const char *name, const void **out, Py_ssize_t itemsize,
                       Py_ssize_t count, PyObject *keep) {
@@ -266,11 +283,12 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     PyObject *arrays, *view, *slots;
     unsigned int ndirs, nmembers, nshards, nsorted, symlink_kind, uid, gid;
     unsigned long long files, total;
+    int children_sorted = 0;
     static char *kwlist[] = {"arrays", "view", "slots", "ndirs", "nmembers", "nsorted", "symlink_kind",
-                             "uid", "gid", "files", "total_size", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!IIIIIIKK", kwlist, &PyDict_Type, &arrays, &view,
+                             "uid", "gid", "files", "total_size", "children_sorted", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!IIIIIIKK|p", kwlist, &PyDict_Type, &arrays, &view,
                                      &PyTuple_Type, &slots, &ndirs, &nmembers, &nsorted, &symlink_kind, &uid,
-                                     &gid, &files, &total))
+                                     &gid, &files, &total, &children_sorted))
         return -1;
     if (ndirs == 0) {
         PyErr_SetString(PyExc_ValueError, "a table has at least the root directory");
@@ -280,16 +298,11 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     t->keep = PyList_New(0);
     if (t->keep == NULL)
         return -1;
-    PyObject *dir_names = PyDict_GetItemString(arrays, "dir_names");
-    PyObject *names = PyDict_GetItemString(arrays, "names");
-    if (dir_names == NULL || names == NULL || !PyBytes_Check(dir_names) || !PyBytes_Check(names)) {
-        PyErr_SetString(PyExc_TypeError, "dir_names and names must be bytes");
+    /* (bytes, or a read-only map of a saved view: view/snapshot.py) */
+    Py_ssize_t dir_names_len, names_len;
+    if (take_bytes(arrays, "dir_names", &t->dir_names, &dir_names_len, t->keep) < 0 ||
+        take_bytes(arrays, "names", &t->names, &names_len, t->keep) < 0)
         return -1;
-    }
-    if (PyList_Append(t->keep, dir_names) < 0 || PyList_Append(t->keep, names) < 0)
-        return -1;
-    t->dir_names = PyBytes_AsString(dir_names);
-    t->names = PyBytes_AsString(names);
     Py_ssize_t nn = (Py_ssize_t)ndirs + nmembers;
     const Py_ssize_t counts[] = {[NODES] = nn,         [SORTED] = nsorted,    [DIRS] = ndirs,
                                  [DIRS_1] = ndirs + 1, [MEMBERS] = nmembers, [SHARDS] = nshards};
@@ -299,31 +312,44 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
             return -1;
     const void *children;
     uint32_t nchildren = t->child_start[ndirs];
-    if (take_array(arrays, "children", &children, 4, nchildren, NULL) < 0)
+    /* Children sorted already (a saved view) are used where they are; else sorted in a copy. */
+    if (take_array(arrays, "children", &children, 4, nchildren, children_sorted ? t->keep : NULL) < 0)
         return -1;
     t->ndirs = ndirs;
     t->nmembers = nmembers;
     t->nshards = nshards;
     t->nsorted = nsorted;
-    if (check_arrays(t, children, nchildren, PyBytes_Size(dir_names), PyBytes_Size(names)) < 0)
+    if (check_arrays(t, children, nchildren, dir_names_len, names_len) < 0)
         return -1;
-    /* Our own sorted copy: lookups are a binary search by name within the directory. */
-    t->children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
     t->slots = PyMem_Calloc(nshards ? nshards : 1, sizeof(Slot *));
     t->unread = PyMem_Calloc(nmembers / 8 + 1, 1);
-    if (t->children == NULL || t->slots == NULL || t->unread == NULL) {
+    if (t->slots == NULL || t->unread == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    memcpy(t->children, children, nchildren * sizeof(uint32_t));
+    if (children_sorted) {
+        /* Not checked again (that touched every name: 0.25 s at 4M members): the saved view's
+         * bytes were checked whole, and a child out of order could only make a lookup miss (a
+         * lookup compares whole names), never answer another file. */
+        t->children = children;
+    } else { /* our own sorted copy: lookups are a binary search by name within the directory */
+        t->own_children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
+        if (t->own_children == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(t->own_children, children, nchildren * sizeof(uint32_t));
+        t->children = t->own_children;
+    }
     t->symlink_kind = symlink_kind;
     t->uid = uid;
     t->gid = gid;
     t->files = files;
     t->total_size = total;
-    int sorted;
+    int sorted = 0;
     Py_BEGIN_ALLOW_THREADS
-    sorted = sort_children(t, ndirs);
+    if (!children_sorted)
+        sorted = sort_children(t, ndirs);
     Py_END_ALLOW_THREADS
     if (sorted < 0) {
         PyErr_NoMemory();
@@ -359,13 +385,24 @@ static PyObject *table_lookup(Table *t, PyObject *args) {
     return PyLong_FromUnsignedLongLong(t->ino[n]);
 }
 
+#ifndef PyBUF_READ /* (not in the limited API's headers before 3.11; its value since 3.3) */
+#define PyBUF_READ 0x100
+#endif
+
+/* A read-only view of the table's own memory, not a copy (16 MB at 4M members): good only while
+ * the caller holds the table. */
+static PyObject *table_sorted_children(Table *t, PyObject *unused) {
+    return PyMemoryView_FromMemory((char *)t->children,
+                                   (Py_ssize_t)t->child_start[t->ndirs] * (Py_ssize_t)sizeof(uint32_t), PyBUF_READ);
+}
+
 static void table_dealloc(Table *t) {
     if (t->slots) {
         for (uint32_t s = 0; s < t->nshards; s++)
             Py_XDECREF(t->slots[s]);
         PyMem_Free(t->slots);
     }
-    PyMem_Free(t->children);
+    PyMem_Free(t->own_children);
     PyMem_Free((void *)t->unread);
     Py_XDECREF(t->view);
     Py_XDECREF(t->keep);
@@ -375,6 +412,9 @@ static void table_dealloc(Table *t) {
 static PyMethodDef table_methods[] = {
     {"lookup", (PyCFunction)table_lookup, METH_VARARGS,
      "lookup(parent_ino, name) -> ino or None: the request loop's lookup, for tests"},
+    {"sorted_children", (PyCFunction)table_sorted_children, METH_NOARGS,
+     "sorted_children() -> memoryview: the children in the order lookups search them (to save a view; valid "
+     "while the table lives)"},
     {NULL}};
 
 static PyType_Slot table_slots[] = {
