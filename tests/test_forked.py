@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from conftest import needs_fuse, shardfs_cmd, wait_for
 from benchlib.cli import REPO
 from benchlib.mounts import mount_stats
@@ -46,6 +45,8 @@ def test_the_daemon_is_a_forked_child_in_its_own_session_serving_after_the_comma
     assert "--ready-fd" not in _cmdline(m.pid) and "--foreground" not in _cmdline(m.pid)
     assert os.readlink(f"/proc/{m.pid}/fd/0") == os.readlink(f"/proc/{m.pid}/fd/1") == os.devnull
     assert os.path.samefile(f"/proc/{m.pid}/fd/2", m.log_file)  # stderr to its log once detached
+    figures = mount_stats(m.path)
+    assert figures["ready_seconds"] >= figures["index_seconds"] > 0  # from its start of work until ready
     files = [os.path.relpath(os.path.join(d, f), sample_tree) for d, _, fs in os.walk(sample_tree) for f in fs]
     assert len(files) == 72
     for rel in files:
