@@ -480,7 +480,7 @@ def report(ctx, rounds: list[dict]) -> None:
             # The same from each daemon's start of work (its interpreter started, its modules imported:
             # `ready_seconds` in its figures): N interpreters starting at once on this machine's cores are
             # a cost that nodes with CPUs of their own do not share.
-            judge(f"index run ({label}): last ready from its daemon's start, x alone",
+            judge(f"index run ({label}): the same, from each daemon's start",
                   [of(r)["last_work_s"] / r["index"]["alone_work_s"] for r in rounds
                    if of(r)["last_work_s"] is not None and r["index"]["alone_work_s"]], "<=", 0.5)
             judge(f"index run ({label}): longest index phase of {n} nodes, x alone",
