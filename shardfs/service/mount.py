@@ -88,9 +88,8 @@ def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT,
     ``shardfs mount --foreground``."""
     check_can_mount(cfg.allow_other, cfg.mountpoint)
     fork = serve is not None and forked.can_fork()
-    if not fork:
-        find_shards(cfg.sources)  # fail fast, with the message, before starting anything
-    prepare_mountpoint(cfg.mountpoint)
+    if not fork:  # else the forked child checks them first (_checked_daemon)
+        _check_sources_and_mountpoint(cfg)
     cfg = dataclasses.replace(cfg, log_file=cfg.log_file or default_log_file(cfg.mountpoint))
     os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
     read_end, write_end = os.pipe()
@@ -126,12 +125,18 @@ def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT,
     return 0
 
 
+def _check_sources_and_mountpoint(cfg: MountConfig) -> None:
+    """Fail fast, with the message, before the daemon starts its work."""
+    find_shards(cfg.sources)
+    prepare_mountpoint(cfg.mountpoint)
+
+
 def _checked_daemon(serve: Callable[[MountConfig, int], int], cfg: MountConfig, ready_fd: int) -> int:
-    """The forked child: first the check of the sources that a command starting a new interpreter
-    makes itself (here, after the fork: the formats' imports start threads), its refusal handed to
-    the command to print as its one line; then the daemon."""
+    """The forked child: first the checks that a command starting a new interpreter makes itself
+    (here, after the fork: the formats' imports start threads), a refusal handed to the command to
+    print as its one line; then the daemon."""
     try:
-        find_shards(cfg.sources)
+        _check_sources_and_mountpoint(cfg)
     except UsageError as exc:
         os.write(ready_fd, json.dumps({"refused": str(exc), "exit_code": exc.exit_code}).encode() + b"\n")
         return exc.exit_code
