@@ -99,23 +99,33 @@ def cmd_mount(args) -> int:
 
     cfg = _mount_config(args)
     if not args.foreground:
-        return mount.mount_detached(cfg, args.ready_timeout)
+        # The daemon forks from this process (service/forked.py), but not with storage options on our
+        # command line: it would show them in its /proc/PID/cmdline for as long as it serves. A new
+        # interpreter gets them through the environment (config.storage_env) instead.
+        secrets_in_argv = bool(args.option) or any("storage_options." in text for text in args.o or [])
+        return mount.mount_detached(cfg, args.ready_timeout, serve=None if secrets_in_argv else _serve)
+    return _serve(cfg, args.ready_fd)
 
+
+def _serve(cfg, ready_fd: int | None) -> int:
+    """`shardfs mount --foreground`, and the daemon a detaching `shardfs mount` forks: serve until
+    unmounted. ready_fd: where that `shardfs mount` waits for our progress and ready lines."""
+    from shardfs.service import mount
     from shardfs.service.daemon import serve
     from shardfs.fuse.lib import check_can_mount
 
-    _setup_logging(cfg.log_level, cfg.log_file, journal=args.ready_fd is None and "INVOCATION_ID" in os.environ)
-    if args.ready_fd is not None:  # started by a detaching `shardfs mount`: its terminal sees problems only
+    _setup_logging(cfg.log_level, cfg.log_file, journal=ready_fd is None and "INVOCATION_ID" in os.environ)
+    if ready_fd is not None:  # started by a detaching `shardfs mount`: its terminal sees problems only
         for handler in logging.getLogger().handlers:
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
     check_can_mount(cfg.allow_other, cfg.mountpoint)
-    if args.ready_fd is None:
+    if ready_fd is None:
         mount.prepare_mountpoint(cfg.mountpoint)
 
     def detach() -> None:
         # Started by `shardfs mount` without --foreground: from now on log to the file only.
-        if args.ready_fd is not None and cfg.log_file:
+        if ready_fd is not None and cfg.log_file:
             root = logging.getLogger()
             for h in [h for h in root.handlers if type(h) is logging.StreamHandler]:
                 root.removeHandler(h)
@@ -123,7 +133,7 @@ def cmd_mount(args) -> int:
             os.dup2(fd, 2)
             os.close(fd)
 
-    return serve(cfg, ready_fd=args.ready_fd, on_detach=detach)
+    return serve(cfg, ready_fd=ready_fd, on_detach=detach)
 
 
 def _could_be_mountpoint(word: str) -> bool:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from shardfs.errors import ShardfsError
 from shardfs.storage.base import ShardIOError
+
+if TYPE_CHECKING:  # numpy costs a `shardfs mount` ~0.1 s before the daemon forks (service/forked.py)
+    import numpy as np
 
 Fetch = Callable[[int, int], bytes]
 

@@ -13,11 +13,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10: the same parser, from PyPI (tomllib is tomli, taken into 3.11)
-    import tomli as tomllib
-
 from shardfs.storage.memory import parse_size
 from shardfs.storage.peers.addresses import check as check_peers
 from shardfs.storage.peers.addresses import parse_list as parse_peers
@@ -93,6 +88,10 @@ def _fail(path: str, key: str, why: str) -> UsageError:
 
 
 def load_config(path: str) -> MountConfig:
+    try:  # here, not for every mount: --config only
+        import tomllib
+    except ImportError:  # Python 3.10: the same parser, from PyPI (tomllib is tomli, taken into 3.11)
+        import tomli as tomllib
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -141,6 +141,8 @@ class Daemon:
         self.sharing = None  # with peers: one index build per job (peer_indexes.py)
         self.saved_view: SavedView | None = None  # the view saved for the next mount (saved_view.py)
         self.ready_fd, self.on_detach = ready_fd, on_detach
+        self.began = time.monotonic()  # the start of our work (the interpreter started, our modules imported)
+        self.ready_seconds = None  # from then until the mount answered
         self.notifier = Notifier()
         self.stats = Stats()
         self._rescan_lock = threading.Lock()
@@ -321,6 +323,7 @@ class Daemon:
             "bytes": view.tree.total_size,
             "problems": len(view.problems),
             **self._indexes(),
+            "ready_seconds": self.ready_seconds,
             "rss_peak_bytes": peak_rss_bytes(),
             "cache": self.cache.snapshot(),
             "memory": self.pressure.figures(),
@@ -382,7 +385,8 @@ class Daemon:
             pass  # `shardfs mount` is gone: nobody to tell
 
     def _ready(self) -> None:
-        log.info("mounted at %s", self.mountpoint)
+        self.ready_seconds = round(time.monotonic() - self.began, 3)
+        log.info("mounted at %s, %.2f s after the daemon's start", self.mountpoint, self.ready_seconds)
         if self.ready_fd is not None:
             os.write(self.ready_fd, json.dumps(self.figures()).encode() + b"\n")
             os.close(self.ready_fd)

@@ -15,11 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from shardfs.dirs import cache_dir
 from shardfs.service.config import MountConfig, storage_env, to_args
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.fuse import devfd
+from shardfs.service import forked
 from shardfs.fuse.lib import check_can_mount
 from shardfs.view.sources import find_shards
 
@@ -28,6 +30,7 @@ log = logging.getLogger("shardfs")
 # A starting daemon reports each shard it has indexed: indexing a huge dataset may take
 # hours, but this long without a word means it is stuck (a hung filesystem, a silent server).
 STALL_TIMEOUT = 300.0  # the default of `shardfs mount --ready-timeout`
+Child = subprocess.Popen | forked.ForkedDaemon  # a daemon started by a new interpreter, or forked
 
 
 def _unmount_command(mountpoint: str, lazy: bool) -> list[str]:
@@ -77,24 +80,38 @@ def default_log_file(mountpoint: str) -> str:
     return os.path.join(cache_dir(), "logs", f"{name}-{tag}.log")
 
 
-def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT) -> int:
-    """Start ``shardfs mount --foreground`` in its own session; return once the mount answers."""
+def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT,
+                   serve: Callable[[MountConfig, int], int] | None = None) -> int:
+    """Start the daemon in its own session; return once the mount answers. serve(cfg, ready_fd):
+    the daemon's work (`shardfs mount --foreground`'s), run in a forked child of this process
+    (forked.py); without it, or where this process may not fork, a new interpreter runs
+    ``shardfs mount --foreground``."""
     check_can_mount(cfg.allow_other, cfg.mountpoint)
-    find_shards(cfg.sources)  # fail fast, with the message, before starting anything
-    prepare_mountpoint(cfg.mountpoint)
+    fork = serve is not None and forked.can_fork()
+    if not fork:  # else the forked child checks them first (_checked_daemon)
+        _check_sources_and_mountpoint(cfg)
     cfg = dataclasses.replace(cfg, log_file=cfg.log_file or default_log_file(cfg.mountpoint))
     os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
     read_end, write_end = os.pipe()
-    cmd = [sys.executable, "-m", "shardfs", "mount", *to_args(cfg), "--foreground", "--ready-fd", str(write_end)]
     fuse_fd = devfd.descriptor(cfg.mountpoint)  # a /dev/fd/N mounted already: the daemon serves it
-    child = subprocess.Popen(cmd, pass_fds=(write_end,) if fuse_fd is None else (write_end, fuse_fd),
-                             start_new_session=True, env=storage_env(cfg), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL)
-    os.close(write_end)
+    keep = (write_end,) if fuse_fd is None else (write_end, fuse_fd)
+    try:
+        if fork:
+            child = forked.start(lambda: _checked_daemon(serve, cfg, write_end), keep)
+        else:
+            cmd = [sys.executable, "-m", "shardfs", "mount", *to_args(cfg), "--foreground", "--ready-fd", str(write_end)]
+            child = subprocess.Popen(cmd, pass_fds=keep, start_new_session=True, env=storage_env(cfg),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    finally:
+        os.close(write_end)
     try:
         info, why = _wait_ready(child, read_end, stall_timeout)
     finally:
         os.close(read_end)
+    if info is not None and "refused" in info:  # the forked daemon's check of the sources
+        print(f"shardfs: {info['refused']}", file=sys.stderr)
+        child.wait()
+        return info["exit_code"]
     if info is None:
         if child.poll() is None:  # alive but stuck: it is ours to stop
             stop_session(child)
@@ -108,14 +125,32 @@ def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT) -> in
     return 0
 
 
-def _wait_ready(child: subprocess.Popen, fd: int, stall_timeout: float) -> tuple[dict | None, str]:
+def _check_sources_and_mountpoint(cfg: MountConfig) -> None:
+    """Fail fast, with the message, before the daemon starts its work."""
+    find_shards(cfg.sources)
+    prepare_mountpoint(cfg.mountpoint)
+
+
+def _checked_daemon(serve: Callable[[MountConfig, int], int], cfg: MountConfig, ready_fd: int) -> int:
+    """The forked child: first the checks that a command starting a new interpreter makes itself
+    (here, after the fork: the formats' imports start threads), a refusal handed to the command to
+    print as its one line; then the daemon."""
+    try:
+        _check_sources_and_mountpoint(cfg)
+    except UsageError as exc:
+        os.write(ready_fd, json.dumps({"refused": str(exc), "exit_code": exc.exit_code}).encode() + b"\n")
+        return exc.exit_code
+    return serve(cfg, ready_fd)
+
+
+def _wait_ready(child: Child, fd: int, stall_timeout: float) -> tuple[dict | None, str]:
     """The daemon's ready line (its figures), or None and why not. Progress lines
     ({"progress": ...}) restart the clock; silence for ``stall_timeout`` seconds ends the wait."""
     with _IndexBar() as bar:
         return _wait_lines(child, fd, stall_timeout, bar)
 
 
-def _wait_lines(child: subprocess.Popen, fd: int, stall_timeout: float, bar: _IndexBar) -> tuple[dict | None, str]:
+def _wait_lines(child: Child, fd: int, stall_timeout: float, bar: _IndexBar) -> tuple[dict | None, str]:
     last, pending = "starting", b""
     deadline = time.monotonic() + stall_timeout
     while True:
@@ -228,7 +263,7 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def stop_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
+def stop_session(proc: Child, grace: float = 10.0) -> None:
     """End a child started with ``start_new_session`` and what it forked (index builders):
     SIGTERM to its process group, SIGKILL after ``grace`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

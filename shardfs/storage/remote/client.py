@@ -8,7 +8,6 @@ not answering: its requests fail at once (EIO) until a probe gets an answer (dea
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -20,7 +19,6 @@ import time
 from shardfs.errors import UsageError
 from shardfs.redact import is_secret, redact, redact_options, remember_secrets
 from shardfs.storage import deadline
-from shardfs.storage.remote.backends import HTTPStore, S3Store
 from shardfs.storage.remote.errors import ObjectInfo, RemoteError
 
 log = logging.getLogger(__name__)
@@ -74,6 +72,8 @@ _stores_lock = threading.Lock()
 
 def store_for(url: str):
     """One fsspec filesystem per scheme and process (a forked index worker makes its own)."""
+    from shardfs.storage.remote.backends import HTTPStore, S3Store  # asyncio and ssl: only for URLs
+
     kind = "s3" if url.startswith("s3://") else "http"
     key = (kind, os.getpid())
     with _stores_lock:
@@ -109,6 +109,8 @@ def call(what: str, make, url: str, *args, optional: bool = False, within: float
     """Run ``make(url, *args)`` (a coroutine function of a backend) on fsspec's loop; retry
     transient errors until ``within`` seconds (default deadline.TIMEOUT) have passed.
     ``optional``: the object may well not exist (a 404 is not counted as a failure)."""
+    import asyncio
+
     import fsspec.asyn
 
     store = make.__self__

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
 import errno
 from dataclasses import dataclass
 
@@ -42,6 +41,8 @@ def mtime_ns(value) -> int:
     if value is None:
         return 0
     if isinstance(value, str):
+        import email.utils  # a remote shard's Last-Modified only
+
         try:
             value = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):
