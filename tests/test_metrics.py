@@ -56,6 +56,8 @@ def expected_values(figures: dict) -> dict:
         ("shardfs_cache_misses_total", None): cache["misses"],
         ("shardfs_served_bytes_total", None): figures["bytes_served"],
         ("shardfs_files", None): figures["files"],
+        ("shardfs_ready_seconds", None): figures["ready_seconds"],
+        ("shardfs_view_mapped", None): figures["view_mapped"],
         ("shardfs_shards", None): figures["shards"],
         ("shardfs_cache_shards", "cached"): cache["shards_cached"],
         ("shardfs_fuse_requests_total", "read"): figures["fuse_ops"]["read"],
