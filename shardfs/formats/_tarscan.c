@@ -16,12 +16,14 @@
  * targets and the data of files of at most small_max bytes (kept: labels); above holds the path
  * hashes (uint64) of the folders above the members' parents (every "/"-prefix of a normal name
  * shorter than its parent folder), each at least once (index/plain.py: no file where a folder must be).
- * The parse runs without the GIL (the chunk is an immutable bytes object the call holds).
+ * The parse runs without the GIL: the chunk is a bytes object, or a buffer that its caller alone
+ * writes (tar.py: its thread's read buffer), held by the call.
  *
  * Limited API (3.10): one abi3 build serves every Python from 3.10. */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../pybuffer310.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -368,11 +370,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     long long base, shard_size, small_max;
     if (!PyArg_ParseTuple(args, "OnLLL", &chunk_obj, &start, &base, &shard_size, &small_max))
         return NULL;
-    char *chunk;
-    Py_ssize_t len;
-    if (PyBytes_AsStringAndSize(chunk_obj, &chunk, &len) < 0)
+    Py_buffer view;
+    if (PyObject_GetBuffer(chunk_obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
+    const char *chunk = view.buf;
+    Py_ssize_t len = view.len;
     if (start < 0 || start > len) {
+        PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "start outside the chunk");
         return NULL;
     }
@@ -383,6 +387,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
                    &names, &numbers, &links, &smalls, &above, &stop, &failed);
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
     PyObject *result = NULL;
     if (failed)
         PyErr_NoMemory();
