@@ -173,9 +173,11 @@ def _build(jobs: list, workers: int, in_threads: bool, collect) -> None:
     paths = [job[0] for job in jobs]
     remote = any(is_url(p) for p in paths)
     if len(jobs) > 1 and (in_threads and (remote or workers > 1)):
-        # remote shards wait on the network: more threads than cores
-        with ThreadPoolExecutor(max_workers=min(max(workers, 8) if remote else workers, len(jobs)),
-                                thread_name_prefix="shardfs-index") as pool:
+        # More threads than cores: remote shards wait on the network; a local shard's scan waits on
+        # its reads (O_DIRECT, no readahead) while another thread parses (measured at 400,000 tiny
+        # members, 2 cores: 4 threads took 0.85x the time of 2).
+        threads = max(workers, 8) if remote else 2 * workers
+        with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="shardfs-index") as pool:
             collect(zip(paths, pool.map(_load_or_build, jobs)))
     elif len(jobs) > 1 and workers > 1:
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_index_worker,
