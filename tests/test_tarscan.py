@@ -330,3 +330,21 @@ def test_folders_from_columns_in_order_of_first_use():
     assert found.dirs.split(b"\0") == [b"b", b"", b"a", b"a/c"] and found.dir_count == 4
     assert found.parent.tolist() == [0, 1, 2, 0, 3]
     assert found.blob == b"b/xtopa/yb/za/c/w" and found.name_end.tolist() == [3, 6, 9, 12, 17]
+
+
+@settings(max_examples=150, **FUZZ)
+@given(entries=st.lists(st.tuples(st.lists(st.sampled_from([b"a", b"b", b"c", b"."]), min_size=1, max_size=4)
+                                  .map(b"/".join), st.booleans()), min_size=1, max_size=30),
+       dot_slash=st.booleans())
+def test_random_shards_index_alike_from_columns(entries, dot_slash):
+    """plain.members (its C part, _tarscan.plain_members) against replay.py on random trees of
+    files and folders: names twice, files where folders must be, folders of files seen before or
+    after, "./" prefixes and "." components; the index is the same either way."""
+    members = [member((b"./" if dot_slash else b"") + name + (b"/" if folder else b""), b"" if folder else name,
+                      typeflag=b"5" if folder else b"0")
+               for name, folder in entries]
+    with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR", "/var/tmp"), suffix=".tar") as f:
+        f.write(archive(*members))
+        f.flush()
+        with pytest.MonkeyPatch.context() as mp:
+            assert indexed(f.name, mp, True) == indexed(f.name, mp, False)

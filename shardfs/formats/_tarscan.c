@@ -404,8 +404,239 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---- plain_members: a shard's columns as index/plain.py keeps them (see there) ---- */
+
+/* A set of uint64 keys (path hashes), each with a value: open addressing, linear probing. */
+typedef struct {
+    uint64_t *keys;
+    int64_t *values;
+    unsigned char *used;
+    size_t mask;
+} Table;
+
+static int table_init(Table *t, size_t count) {
+    size_t cap = 16;
+    while (cap < 2 * count)
+        cap *= 2;
+    t->keys = malloc(cap * sizeof *t->keys);
+    t->values = malloc(cap * sizeof *t->values);
+    t->used = calloc(cap, 1);
+    t->mask = cap - 1;
+    return t->keys && t->values && t->used ? 0 : -1;
+}
+
+static void table_free(Table *t) {
+    free(t->keys);
+    free(t->values);
+    free(t->used);
+}
+
+/* The slot of ``key``: its own, or the empty one where it would go. */
+static size_t table_slot(const Table *t, uint64_t key) {
+    size_t at = (size_t)(key ^ (key >> 29)) & t->mask;
+    while (t->used[at] && t->keys[at] != key)
+        at = (at + 1) & t->mask;
+    return at;
+}
+
+enum { PLAIN_OK = 0, PLAIN_NO = 1, PLAIN_NOMEM = 2 };
+
+typedef struct {
+    int64_t *keep; /* the rows kept (all but "./" itself) */
+    size_t nkeep;
+    char *blob; /* the normal names back to back; NULL: the names as they are */
+    int64_t *name_end;
+    uint32_t *parent;
+    Buf dirs;
+    size_t ndirs;
+} Plain;
+
+static int plain_members_of(const char *names, size_t names_len, const int64_t *rows, size_t n,
+                            const uint64_t *above, size_t nabove, Plain *out) {
+    out->keep = malloc((n ? n : 1) * sizeof *out->keep);
+    out->name_end = malloc((n ? n : 1) * sizeof *out->name_end);
+    out->parent = malloc((n ? n : 1) * sizeof *out->parent);
+    int64_t *starts = malloc((n ? n : 1) * sizeof *starts);
+    Table seen = {0}, folders = {0}, taken = {0};
+    int status = PLAIN_NOMEM;
+    if (!out->keep || !out->name_end || !out->parent || !starts)
+        goto done;
+    /* files and folders only, every name normal ("./" itself, a folder, left out) */
+    status = PLAIN_NO;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t *row = rows + i * NFIELDS;
+        if (row[F_KIND] != KIND_FILE && row[F_KIND] != KIND_DIR)
+            goto done;
+        if (row[F_NORM_START] == NOT_NORMAL || (row[F_NORM_START] == ROOT && row[F_KIND] != KIND_DIR))
+            goto done;
+        if (row[F_NORM_START] != ROOT)
+            out->keep[out->nkeep++] = (int64_t)i;
+    }
+    /* no name twice (or two of one hash: replay.py compares the names) */
+    status = PLAIN_NOMEM;
+    if (table_init(&seen, out->nkeep) < 0)
+        goto done;
+    status = PLAIN_NO;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        uint64_t hash;
+        memcpy(&hash, &rows[out->keep[k] * NFIELDS + F_HASH], sizeof hash);
+        size_t at = table_slot(&seen, hash);
+        if (seen.used[at])
+            goto done;
+        seen.used[at] = 1;
+        seen.keys[at] = hash;
+    }
+    /* the normal forms back to back */
+    int as_is = 1;
+    int64_t end = 0;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        size_t i = (size_t)out->keep[k];
+        const int64_t *row = rows + i * NFIELDS;
+        int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0, len = row[F_NORM_END] - row[F_NORM_START];
+        starts[k] = end;
+        end += len;
+        out->name_end[k] = end;
+        as_is &= begin + row[F_NORM_START] == starts[k];
+    }
+    as_is &= out->nkeep > 0 && end == (int64_t)names_len;
+    const char *blob = names;
+    if (!as_is) {
+        status = PLAIN_NOMEM;
+        if ((out->blob = malloc(end ? (size_t)end : 1)) == NULL)
+            goto done;
+        for (size_t k = 0; k < out->nkeep; k++) {
+            size_t i = (size_t)out->keep[k];
+            int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0;
+            memcpy(out->blob + starts[k], names + begin + rows[i * NFIELDS + F_NORM_START],
+                   (size_t)(out->name_end[k] - starts[k]));
+        }
+        blob = out->blob;
+    }
+    /* each member's folder, in order of first use: told apart by hash, each compared byte for
+     * byte with the first member of its hash (two folders of one hash: replay.py) */
+    status = PLAIN_NOMEM;
+    if (table_init(&folders, out->nkeep) < 0)
+        goto done;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        const int64_t *row = rows + out->keep[k] * NFIELDS;
+        uint64_t hash;
+        memcpy(&hash, &row[F_PARENT_HASH], sizeof hash);
+        int64_t len = row[F_PARENT_END] >= 0 ? row[F_PARENT_END] - row[F_NORM_START] : 0;
+        size_t at = table_slot(&folders, hash);
+        if (folders.used[at]) {
+            size_t first = (size_t)folders.values[at];
+            const int64_t *first_row = rows + out->keep[first] * NFIELDS;
+            int64_t first_len = first_row[F_PARENT_END] >= 0 ? first_row[F_PARENT_END] - first_row[F_NORM_START] : 0;
+            if (len != first_len || memcmp(blob + starts[k], blob + starts[first], (size_t)len) != 0) {
+                status = PLAIN_NO;
+                goto done;
+            }
+            out->parent[k] = out->parent[first];
+            continue;
+        }
+        folders.used[at] = 1;
+        folders.keys[at] = hash;
+        folders.values[at] = (int64_t)k;
+        out->parent[k] = (uint32_t)out->ndirs++;
+        if ((out->ndirs > 1 && buf_add(&out->dirs, "", 1)) || buf_add(&out->dirs, blob + starts[k], (size_t)len))
+            goto done;
+    }
+    /* no file where a folder must be: a parent, or a folder above one (the scan's ``above``) */
+    if (table_init(&taken, out->ndirs + nabove) < 0)
+        goto done;
+    for (size_t at = 0; at <= folders.mask; at++)
+        if (folders.used[at]) {
+            size_t slot = table_slot(&taken, folders.keys[at]);
+            taken.used[slot] = 1;
+            taken.keys[slot] = folders.keys[at];
+        }
+    for (size_t j = 0; j < nabove; j++) {
+        size_t slot = table_slot(&taken, above[j]);
+        taken.used[slot] = 1;
+        taken.keys[slot] = above[j];
+    }
+    status = PLAIN_NO;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        const int64_t *row = rows + out->keep[k] * NFIELDS;
+        uint64_t hash;
+        memcpy(&hash, &row[F_HASH], sizeof hash);
+        if (row[F_KIND] == KIND_FILE && taken.used[table_slot(&taken, hash)])
+            goto done;
+    }
+    status = PLAIN_OK;
+done:
+    free(starts);
+    table_free(&seen);
+    table_free(&folders);
+    table_free(&taken);
+    return status;
+}
+
+/* plain_members(names, rows, above): None where the shard needs replay.py, else (kept, blob,
+ * name_end, parent, dirs, ndirs): the rows kept (int64; None: all), the normal names back to
+ * back (None: ``names`` as they are), their ends (int64), each one's folder (uint32, into the
+ * folders in order of first use), those folders NUL-separated and how many. ``rows``: the scan's
+ * numbers (C-contiguous int64, NFIELDS a row). Runs without the GIL. */
+static PyObject *plain_members(PyObject *self, PyObject *args) {
+    PyObject *names_obj, *rows_obj, *above_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &names_obj, &rows_obj, &above_obj))
+        return NULL;
+    Py_buffer names, rows, above;
+    if (PyObject_GetBuffer(names_obj, &names, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&names);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(above_obj, &above, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&names);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (rows.len % (NFIELDS * 8) || above.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "rows of NFIELDS int64, above of uint64");
+        goto out;
+    }
+    Plain got = {0};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = plain_members_of(names.buf, (size_t)names.len, rows.buf, (size_t)rows.len / (NFIELDS * 8), above.buf,
+                              (size_t)above.len / 8, &got);
+    Py_END_ALLOW_THREADS
+    if (status == PLAIN_NOMEM)
+        PyErr_NoMemory();
+    else if (status == PLAIN_NO)
+        result = Py_NewRef(Py_None);
+    else {
+        size_t n = (size_t)rows.len / (NFIELDS * 8);
+        PyObject *kept = got.nkeep == n ? Py_NewRef(Py_None)
+                                        : PyBytes_FromStringAndSize((char *)got.keep, (Py_ssize_t)(got.nkeep * 8));
+        PyObject *blob = got.blob == NULL ? Py_NewRef(Py_None)
+                                          : PyBytes_FromStringAndSize(got.blob, got.nkeep ? (Py_ssize_t)got.name_end[got.nkeep - 1] : 0);
+        if (kept && blob)
+            result = Py_BuildValue("(OOy#y#y#n)", kept, blob, (char *)got.name_end, (Py_ssize_t)(got.nkeep * 8),
+                                   (char *)got.parent, (Py_ssize_t)(got.nkeep * 4), got.dirs.data ? got.dirs.data : "",
+                                   (Py_ssize_t)got.dirs.len, (Py_ssize_t)got.ndirs);
+        Py_XDECREF(kept);
+        Py_XDECREF(blob);
+    }
+    free(got.keep);
+    free(got.blob);
+    free(got.name_end);
+    free(got.parent);
+    free(got.dirs.data);
+out:
+    PyBuffer_Release(&names);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&above);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls, above)."},
+    {"plain_members", plain_members, METH_VARARGS,
+     "A shard's columns as index/plain.py keeps them: None, or (kept, blob, name_end, parent, dirs, ndirs)."},
     {NULL, NULL, 0, NULL},
 };
 
