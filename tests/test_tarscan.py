@@ -43,8 +43,9 @@ def scanned(result) -> tuple:
 
 
 def assert_alike(data: bytes, chunks=CHUNKS) -> tuple:
-    """Alike from memory (pread) and from a file, whose chunks the fast path reads into its
-    thread's buffer from a page boundary (O_DIRECT where the filesystem takes it)."""
+    """Alike from memory (pread) and from a file, through the page cache and, as after a shard of
+    tiny members, into the thread's buffer from a page boundary (O_DIRECT where the filesystem
+    takes it)."""
     want = scanned(PLAIN.scan(MemorySource(data)))
     with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR", "/var/tmp"), suffix=".tar") as f:
         f.write(data)
@@ -53,12 +54,14 @@ def assert_alike(data: bytes, chunks=CHUNKS) -> tuple:
             for columns in (False, True):
                 got = scanned(TarFormat(chunk=chunk).scan(MemorySource(data), columns=columns))
                 assert got == want, f"chunk {chunk}, columns={columns}"
-                shard = LocalShard.open(f.name)
-                try:
-                    got = scanned(TarFormat(chunk=chunk).scan(shard, columns=columns))
-                finally:
-                    shard.close()
-                assert got == want, f"from a file, chunk {chunk}, columns={columns}"
+                for direct in (False, True):
+                    shard = LocalShard.open(f.name)
+                    tar._buffers.direct = direct
+                    try:
+                        got = scanned(TarFormat(chunk=chunk).scan(shard, columns=columns))
+                    finally:
+                        shard.close()
+                    assert got == want, f"from a file, chunk {chunk}, columns={columns}, direct={direct}"
     return want
 
 
@@ -348,3 +351,28 @@ def test_random_shards_index_alike_from_columns(entries, dot_slash):
         f.flush()
         with pytest.MonkeyPatch.context() as mp:
             assert indexed(f.name, mp, True) == indexed(f.name, mp, False)
+
+
+def test_a_thread_reads_direct_after_a_shard_of_tiny_members(tmp_path):
+    """The fast path reads a shard into its thread's buffer (Shard.read_at) once the thread's last
+    shard had tiny members, through the page cache (pread) after one of large members."""
+    tiny, large = tmp_path / "tiny.tar", tmp_path / "large.tar"
+    tiny.write_bytes(archive(*(member(b"t%04d" % i, b"x" * 300) for i in range(3000))))
+    large.write_bytes(archive(*(member(b"l%d" % i, b"y" * 200_000) for i in range(30))))
+    calls = []
+
+    def scan(path):
+        shard = LocalShard.open(str(path))
+        pread, read_at = shard.pread, shard.read_at
+        shard.pread = lambda offset, length: calls.append("pread") or pread(offset, length)
+        shard.read_at = lambda buf, offset, length: calls.append("read_at") or read_at(buf, offset, length)
+        try:
+            return TarFormat().scan(shard, columns=True)
+        finally:
+            shard.close()
+
+    tar._buffers.direct = False
+    for path, want in ((tiny, "pread"), (tiny, "read_at"), (large, "read_at"), (large, "pread"), (tiny, "pread")):
+        calls.clear()
+        assert scanned(scan(path)) == scanned(PLAIN.scan(MemorySource(path.read_bytes())))
+        assert calls and set(calls) == {want}, (path.name, calls)
