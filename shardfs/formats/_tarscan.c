@@ -144,12 +144,16 @@ static inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n
 
 static void compress(uint64_t h[8], const unsigned char block[128], uint64_t counter, int last) {
     uint64_t v[16], m[16];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(m, block, sizeof m); /* the words are little-endian */
+#else
     for (int i = 0; i < 16; i++) {
         uint64_t word = 0;
         for (int k = 7; k >= 0; k--)
             word = word << 8 | block[8 * i + k];
         m[i] = word;
     }
+#endif
     for (int i = 0; i < 8; i++) {
         v[i] = h[i];
         v[i + 8] = IV[i];
