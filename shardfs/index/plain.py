@@ -82,7 +82,9 @@ def members(columns: MemberColumns, cut: bytes | None) -> Members | None:
 
 def _labels(columns: MemberColumns, rows, blob: bytes, name_end: np.ndarray, files) -> tuple[np.ndarray, np.ndarray]:
     """WebDataset ``.cls`` labels, from the data the scanner kept of small files."""
-    if b".cls" not in columns.names.lower():
+    ends = rows[:, SMALL_END]
+    # a label is a file the scanner kept the data of (labels.MAX_LABEL_BYTES: formats.base.SMALL_DATA)
+    if not (ends >= 0).any() or b".cls" not in columns.names.lower():
         return labels.no_labels()
     sizes = rows[:, SIZE].tolist()
     bounds = np.concatenate([[0], name_end]).tolist()
@@ -90,7 +92,6 @@ def _labels(columns: MemberColumns, rows, blob: bytes, name_end: np.ndarray, fil
               if f and labels.is_label_member(blob[bounds[i] : bounds[i + 1]], sizes[i])]
     if not wanted:
         return labels.no_labels()
-    ends = rows[:, SMALL_END]
     kept_before = np.maximum.accumulate(np.where(ends >= 0, ends, 0))  # the kept data's end up to each row
     starts = np.concatenate([[0], kept_before[:-1]])
     return labels.from_bytes(wanted, [columns.smalls[int(starts[i]) : int(ends[i])] for i in wanted])
