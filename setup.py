@@ -7,7 +7,7 @@ One wheel for every CPython from 3.10 (cluster users pick 3.10-3.14 from modules
 each extension is built against the limited API of 3.10 (Py_LIMITED_API, see ``ABI3``) and the
 wheel is tagged cp310-abi3. The stable ABI keeps such a module loadable on every later CPython;
 the loop does not need more of the C API than the limited one gives (its buffer protocol, stable
-from 3.11, is declared in lowlevel.h for 3.10, where CPython has the same functions and struct).
+from 3.11, is declared in shardfs/pybuffer310.h for 3.10, where CPython has the same functions and struct).
 A new extension takes ``**ABI3`` too: the wheel has one tag, so every module in it must keep it.
 
 The package's long description (what PyPI shows) is README.md with its relative links made
@@ -64,7 +64,7 @@ setup(
     ext_modules=[Extension(
         "shardfs.fuse._lowlevel",
         sources=[f"{LOWLEVEL}/{name}.c" for name in ("libfuse", "slot", "table", "requests", "session")],
-        depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h"],
+        depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h", "shardfs/pybuffer310.h"],
         # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden",
                             "-Werror=implicit-function-declaration"],
@@ -75,6 +75,7 @@ setup(
     ), Extension(
         "shardfs.formats._tarscan",
         sources=["shardfs/formats/_tarscan.c"],
+        depends=["shardfs/pybuffer310.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
         **ABI3,
     )],

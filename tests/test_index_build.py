@@ -132,12 +132,19 @@ class _ChangesAfterItsFirstRead(LocalShard):
 
     def _pread_now(self, offset: int, length: int) -> bytes:
         data = super()._pread_now(offset, length)
+        self._change_once()
+        return data
+
+    def _read_at_now(self, buf: memoryview, offset: int, length: int) -> None:  # the scan's reads
+        super()._read_at_now(buf, offset, length)
+        self._change_once()
+
+    def _change_once(self) -> None:
         if self.name == "changing.tar" and not getattr(self, "appended", False):
             self.appended = True
             with open(self.path, "ab") as f:
                 f.write(b"\0" * 512)
             os.utime(self.path, ns=(self.mtime_ns + 10**9, self.mtime_ns + 10**9))
-        return data
 
 
 def test_a_shard_that_changes_during_its_build_gets_no_index(tmp_path, monkeypatch):
@@ -169,8 +176,9 @@ def test_a_build_fingerprints_the_shard_as_fingerprint_of(tmp_path, count):
     _tiny_members_shard(path, count)
     read = []
     shard = LocalShard.open(str(path))
-    pread = shard.pread
+    pread, read_at = shard.pread, shard.read_at
     shard.pread = lambda offset, length: read.append((offset, length)) or pread(offset, length)
+    shard.read_at = lambda buf, offset, length: read.append((offset, length)) or read_at(buf, offset, length)
     ix = shard_index.build(shard)
     assert ix.shard_fingerprint == fingerprint.of(LocalShard.open(str(path)))
     assert len(read) == -(-os.path.getsize(path) // tar.CHUNK)  # the scan's reads, no other

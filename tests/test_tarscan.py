@@ -8,7 +8,9 @@ chunks, so that chunk ends fall inside headers and members."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+import tempfile
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from shardfs.formats import tarcolumns
 from shardfs.formats.tar import TarFormat
 from shardfs.index import names as names_module
 from shardfs.index import plain, shard_index
+from shardfs.storage.local import LocalShard
 
 PLAIN = TarFormat(compiled=False)
 CHUNKS = [tar.CHUNK, 1024, 1536 + 512 * 3, 64 * 1024 + 512]  # small ones end inside headers and members
@@ -40,11 +43,25 @@ def scanned(result) -> tuple:
 
 
 def assert_alike(data: bytes, chunks=CHUNKS) -> tuple:
+    """Alike from memory (pread) and from a file, through the page cache and, as after a shard of
+    tiny members, into the thread's buffer from a page boundary (O_DIRECT where the filesystem
+    takes it)."""
     want = scanned(PLAIN.scan(MemorySource(data)))
-    for chunk in chunks:
-        for columns in (False, True):
-            got = scanned(TarFormat(chunk=chunk).scan(MemorySource(data), columns=columns))
-            assert got == want, f"chunk {chunk}, columns={columns}"
+    with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR", "/var/tmp"), suffix=".tar") as f:
+        f.write(data)
+        f.flush()
+        for chunk in chunks:
+            for columns in (False, True):
+                got = scanned(TarFormat(chunk=chunk).scan(MemorySource(data), columns=columns))
+                assert got == want, f"chunk {chunk}, columns={columns}"
+                for direct in (False, True):
+                    shard = LocalShard.open(f.name)
+                    tar._buffers.direct = direct
+                    try:
+                        got = scanned(TarFormat(chunk=chunk).scan(shard, columns=columns))
+                    finally:
+                        shard.close()
+                    assert got == want, f"from a file, chunk {chunk}, columns={columns}, direct={direct}"
     return want
 
 
@@ -316,3 +333,46 @@ def test_folders_from_columns_in_order_of_first_use():
     assert found.dirs.split(b"\0") == [b"b", b"", b"a", b"a/c"] and found.dir_count == 4
     assert found.parent.tolist() == [0, 1, 2, 0, 3]
     assert found.blob == b"b/xtopa/yb/za/c/w" and found.name_end.tolist() == [3, 6, 9, 12, 17]
+
+
+@settings(max_examples=150, **FUZZ)
+@given(entries=st.lists(st.tuples(st.lists(st.sampled_from([b"a", b"b", b"c", b"."]), min_size=1, max_size=4)
+                                  .map(b"/".join), st.booleans()), min_size=1, max_size=30),
+       dot_slash=st.booleans())
+def test_random_shards_index_alike_from_columns(entries, dot_slash):
+    """plain.members (its C part, _tarscan.plain_members) against replay.py on random trees of
+    files and folders: names twice, files where folders must be, folders of files seen before or
+    after, "./" prefixes and "." components; the index is the same either way."""
+    members = [member((b"./" if dot_slash else b"") + name + (b"/" if folder else b""), b"" if folder else name,
+                      typeflag=b"5" if folder else b"0")
+               for name, folder in entries]
+    with tempfile.NamedTemporaryFile(dir=os.environ.get("TMPDIR", "/var/tmp"), suffix=".tar") as f:
+        f.write(archive(*members))
+        f.flush()
+        with pytest.MonkeyPatch.context() as mp:
+            assert indexed(f.name, mp, True) == indexed(f.name, mp, False)
+
+
+def test_a_thread_reads_direct_after_a_shard_of_tiny_members(tmp_path):
+    """The fast path reads a shard into its thread's buffer (Shard.read_at) once the thread's last
+    shard had tiny members, through the page cache (pread) after one of large members."""
+    tiny, large = tmp_path / "tiny.tar", tmp_path / "large.tar"
+    tiny.write_bytes(archive(*(member(b"t%04d" % i, b"x" * 300) for i in range(3000))))
+    large.write_bytes(archive(*(member(b"l%d" % i, b"y" * 200_000) for i in range(30))))
+    calls = []
+
+    def scan(path):
+        shard = LocalShard.open(str(path))
+        pread, read_at = shard.pread, shard.read_at
+        shard.pread = lambda offset, length: calls.append("pread") or pread(offset, length)
+        shard.read_at = lambda buf, offset, length: calls.append("read_at") or read_at(buf, offset, length)
+        try:
+            return TarFormat().scan(shard, columns=True)
+        finally:
+            shard.close()
+
+    tar._buffers.direct = False
+    for path, want in ((tiny, "pread"), (tiny, "read_at"), (large, "read_at"), (large, "pread"), (tiny, "pread")):
+        calls.clear()
+        assert scanned(scan(path)) == scanned(PLAIN.scan(MemorySource(path.read_bytes())))
+        assert calls and set(calls) == {want}, (path.name, calls)

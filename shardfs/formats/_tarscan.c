@@ -16,13 +16,16 @@
  * targets and the data of files of at most small_max bytes (kept: labels); above holds the path
  * hashes (uint64) of the folders above the members' parents (every "/"-prefix of a normal name
  * shorter than its parent folder), each at least once (index/plain.py: no file where a folder must be).
- * The parse runs without the GIL (the chunk is an immutable bytes object the call holds).
+ * The parse runs without the GIL: the chunk is a bytes object, or a buffer that its caller alone
+ * writes (tar.py: its thread's read buffer), held by the call.
  *
  * Limited API (3.10): one abi3 build serves every Python from 3.10. */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../pybuffer310.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,12 +144,16 @@ static inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n
 
 static void compress(uint64_t h[8], const unsigned char block[128], uint64_t counter, int last) {
     uint64_t v[16], m[16];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(m, block, sizeof m); /* the words are little-endian */
+#else
     for (int i = 0; i < 16; i++) {
         uint64_t word = 0;
         for (int k = 7; k >= 0; k--)
             word = word << 8 | block[8 * i + k];
         m[i] = word;
     }
+#endif
     for (int i = 0; i < 8; i++) {
         v[i] = h[i];
         v[i + 8] = IV[i];
@@ -260,6 +267,12 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         int64_t next = data_at + (size + BLOCK - 1) / BLOCK * BLOCK;
         if (next > shard_size)
             return STOP_PLAIN_WAY; /* truncated: tar.py says what it cuts */
+        /* the next header's cache lines asked for now, loaded while this member is hashed: the
+         * chunk came from storage by DMA (O_DIRECT), and a header's checksum waited on memory
+         * (the hardware prefetcher does not follow the jumps over members' data) */
+        if ((size_t)(next - base) + BLOCK <= limit)
+            for (int line = 0; line < BLOCK; line += 64)
+                __builtin_prefetch(chunk + (next - base) + line);
 
         size_t name_len = field_len(h, 100);
         int ustar_prefix = memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0;
@@ -362,51 +375,324 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
     }
 }
 
+/* Each thread's buffers for what scan() parses, kept from call to call (freed with the thread):
+ * grown afresh for each chunk, they were new pages each time, faulted in (measured: ~100 page
+ * faults a shard of 2,000 members, most of the scan's kernel time). */
+enum { SCRATCH_BUFS = 5, SCRATCH_KEPT = 16 << 20 };
+typedef struct {
+    Buf bufs[SCRATCH_BUFS];
+} Scratch;
+static pthread_key_t scratch_key;
+
+static void scratch_free(void *p) {
+    Scratch *own = p;
+    for (int i = 0; i < SCRATCH_BUFS; i++)
+        free(own->bufs[i].data);
+    free(own);
+}
+
+static Scratch *scratch(void) {
+    Scratch *own = pthread_getspecific(scratch_key);
+    if (own == NULL && (own = calloc(1, sizeof *own)) != NULL && pthread_setspecific(scratch_key, own) != 0) {
+        free(own);
+        own = NULL;
+    }
+    return own;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *chunk_obj;
     Py_ssize_t start;
     long long base, shard_size, small_max;
     if (!PyArg_ParseTuple(args, "OnLLL", &chunk_obj, &start, &base, &shard_size, &small_max))
         return NULL;
-    char *chunk;
-    Py_ssize_t len;
-    if (PyBytes_AsStringAndSize(chunk_obj, &chunk, &len) < 0)
+    Py_buffer view;
+    if (PyObject_GetBuffer(chunk_obj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
+    const char *chunk = view.buf;
+    Py_ssize_t len = view.len;
     if (start < 0 || start > len) {
+        PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "start outside the chunk");
         return NULL;
     }
-    Buf names = {0}, numbers = {0}, links = {0}, smalls = {0}, above = {0};
+    Scratch *own = scratch();
+    if (own == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Buf *names = &own->bufs[0], *numbers = &own->bufs[1], *links = &own->bufs[2], *smalls = &own->bufs[3],
+        *above = &own->bufs[4];
+    for (int i = 0; i < SCRATCH_BUFS; i++)
+        own->bufs[i].len = 0;
     size_t stop = 0;
     int failed = 0, reason;
     Py_BEGIN_ALLOW_THREADS
     reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
-                   &names, &numbers, &links, &smalls, &above, &stop, &failed);
+                   names, numbers, links, smalls, above, &stop, &failed);
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
     PyObject *result = NULL;
     if (failed)
         PyErr_NoMemory();
     else
-        result = Py_BuildValue("(niy#y#y#y#y#)", (Py_ssize_t)stop, reason, names.data ? names.data : "",
-                               (Py_ssize_t)names.len, numbers.data ? numbers.data : "", (Py_ssize_t)numbers.len,
-                               links.data ? links.data : "", (Py_ssize_t)links.len, smalls.data ? smalls.data : "",
-                               (Py_ssize_t)smalls.len, above.data ? above.data : "", (Py_ssize_t)above.len);
-    free(smalls.data);
-    free(names.data);
-    free(numbers.data);
-    free(links.data);
-    free(above.data);
+        result = Py_BuildValue("(niy#y#y#y#y#)", (Py_ssize_t)stop, reason, names->data ? names->data : "",
+                               (Py_ssize_t)names->len, numbers->data ? numbers->data : "", (Py_ssize_t)numbers->len,
+                               links->data ? links->data : "", (Py_ssize_t)links->len, smalls->data ? smalls->data : "",
+                               (Py_ssize_t)smalls->len, above->data ? above->data : "", (Py_ssize_t)above->len);
+    for (int i = 0; i < SCRATCH_BUFS; i++)
+        if (own->bufs[i].cap > SCRATCH_KEPT) { /* a rare huge chunk's: not kept for the thread's life */
+            free(own->bufs[i].data);
+            own->bufs[i] = (Buf){0};
+        }
+    return result;
+}
+
+/* ---- plain_members: a shard's columns as index/plain.py keeps them (see there) ---- */
+
+/* A set of uint64 keys (path hashes), each with a value: open addressing, linear probing. */
+typedef struct {
+    uint64_t *keys;
+    int64_t *values;
+    unsigned char *used;
+    size_t mask;
+} Table;
+
+static int table_init(Table *t, size_t count) {
+    size_t cap = 16;
+    while (cap < 2 * count)
+        cap *= 2;
+    t->keys = malloc(cap * sizeof *t->keys);
+    t->values = malloc(cap * sizeof *t->values);
+    t->used = calloc(cap, 1);
+    t->mask = cap - 1;
+    return t->keys && t->values && t->used ? 0 : -1;
+}
+
+static void table_free(Table *t) {
+    free(t->keys);
+    free(t->values);
+    free(t->used);
+}
+
+/* The slot of ``key``: its own, or the empty one where it would go. */
+static size_t table_slot(const Table *t, uint64_t key) {
+    size_t at = (size_t)(key ^ (key >> 29)) & t->mask;
+    while (t->used[at] && t->keys[at] != key)
+        at = (at + 1) & t->mask;
+    return at;
+}
+
+enum { PLAIN_OK = 0, PLAIN_NO = 1, PLAIN_NOMEM = 2 };
+
+typedef struct {
+    int64_t *keep; /* the rows kept (all but "./" itself) */
+    size_t nkeep;
+    char *blob; /* the normal names back to back; NULL: the names as they are */
+    int64_t *name_end;
+    uint32_t *parent;
+    Buf dirs;
+    size_t ndirs;
+} Plain;
+
+static int plain_members_of(const char *names, size_t names_len, const int64_t *rows, size_t n,
+                            const uint64_t *above, size_t nabove, Plain *out) {
+    out->keep = malloc((n ? n : 1) * sizeof *out->keep);
+    out->name_end = malloc((n ? n : 1) * sizeof *out->name_end);
+    out->parent = malloc((n ? n : 1) * sizeof *out->parent);
+    int64_t *starts = malloc((n ? n : 1) * sizeof *starts);
+    Table seen = {0}, folders = {0}, taken = {0};
+    int status = PLAIN_NOMEM;
+    if (!out->keep || !out->name_end || !out->parent || !starts)
+        goto done;
+    /* files and folders only, every name normal ("./" itself, a folder, left out) */
+    status = PLAIN_NO;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t *row = rows + i * NFIELDS;
+        if (row[F_KIND] != KIND_FILE && row[F_KIND] != KIND_DIR)
+            goto done;
+        if (row[F_NORM_START] == NOT_NORMAL || (row[F_NORM_START] == ROOT && row[F_KIND] != KIND_DIR))
+            goto done;
+        if (row[F_NORM_START] != ROOT)
+            out->keep[out->nkeep++] = (int64_t)i;
+    }
+    /* no name twice (or two of one hash: replay.py compares the names) */
+    status = PLAIN_NOMEM;
+    if (table_init(&seen, out->nkeep) < 0)
+        goto done;
+    status = PLAIN_NO;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        uint64_t hash;
+        memcpy(&hash, &rows[out->keep[k] * NFIELDS + F_HASH], sizeof hash);
+        size_t at = table_slot(&seen, hash);
+        if (seen.used[at])
+            goto done;
+        seen.used[at] = 1;
+        seen.keys[at] = hash;
+    }
+    /* the normal forms back to back */
+    int as_is = 1;
+    int64_t end = 0;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        size_t i = (size_t)out->keep[k];
+        const int64_t *row = rows + i * NFIELDS;
+        int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0, len = row[F_NORM_END] - row[F_NORM_START];
+        starts[k] = end;
+        end += len;
+        out->name_end[k] = end;
+        as_is &= begin + row[F_NORM_START] == starts[k];
+    }
+    as_is &= out->nkeep > 0 && end == (int64_t)names_len;
+    const char *blob = names;
+    if (!as_is) {
+        status = PLAIN_NOMEM;
+        if ((out->blob = malloc(end ? (size_t)end : 1)) == NULL)
+            goto done;
+        for (size_t k = 0; k < out->nkeep; k++) {
+            size_t i = (size_t)out->keep[k];
+            int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0;
+            memcpy(out->blob + starts[k], names + begin + rows[i * NFIELDS + F_NORM_START],
+                   (size_t)(out->name_end[k] - starts[k]));
+        }
+        blob = out->blob;
+    }
+    /* each member's folder, in order of first use: told apart by hash, each compared byte for
+     * byte with the first member of its hash (two folders of one hash: replay.py) */
+    status = PLAIN_NOMEM;
+    if (table_init(&folders, out->nkeep) < 0)
+        goto done;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        const int64_t *row = rows + out->keep[k] * NFIELDS;
+        uint64_t hash;
+        memcpy(&hash, &row[F_PARENT_HASH], sizeof hash);
+        int64_t len = row[F_PARENT_END] >= 0 ? row[F_PARENT_END] - row[F_NORM_START] : 0;
+        size_t at = table_slot(&folders, hash);
+        if (folders.used[at]) {
+            size_t first = (size_t)folders.values[at];
+            const int64_t *first_row = rows + out->keep[first] * NFIELDS;
+            int64_t first_len = first_row[F_PARENT_END] >= 0 ? first_row[F_PARENT_END] - first_row[F_NORM_START] : 0;
+            if (len != first_len || memcmp(blob + starts[k], blob + starts[first], (size_t)len) != 0) {
+                status = PLAIN_NO;
+                goto done;
+            }
+            out->parent[k] = out->parent[first];
+            continue;
+        }
+        folders.used[at] = 1;
+        folders.keys[at] = hash;
+        folders.values[at] = (int64_t)k;
+        out->parent[k] = (uint32_t)out->ndirs++;
+        if ((out->ndirs > 1 && buf_add(&out->dirs, "", 1)) || buf_add(&out->dirs, blob + starts[k], (size_t)len))
+            goto done;
+    }
+    /* no file where a folder must be: a parent, or a folder above one (the scan's ``above``) */
+    if (table_init(&taken, out->ndirs + nabove) < 0)
+        goto done;
+    for (size_t at = 0; at <= folders.mask; at++)
+        if (folders.used[at]) {
+            size_t slot = table_slot(&taken, folders.keys[at]);
+            taken.used[slot] = 1;
+            taken.keys[slot] = folders.keys[at];
+        }
+    for (size_t j = 0; j < nabove; j++) {
+        size_t slot = table_slot(&taken, above[j]);
+        taken.used[slot] = 1;
+        taken.keys[slot] = above[j];
+    }
+    status = PLAIN_NO;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        const int64_t *row = rows + out->keep[k] * NFIELDS;
+        uint64_t hash;
+        memcpy(&hash, &row[F_HASH], sizeof hash);
+        if (row[F_KIND] == KIND_FILE && taken.used[table_slot(&taken, hash)])
+            goto done;
+    }
+    status = PLAIN_OK;
+done:
+    free(starts);
+    table_free(&seen);
+    table_free(&folders);
+    table_free(&taken);
+    return status;
+}
+
+/* plain_members(names, rows, above): None where the shard needs replay.py, else (kept, blob,
+ * name_end, parent, dirs, ndirs): the rows kept (int64; None: all), the normal names back to
+ * back (None: ``names`` as they are), their ends (int64), each one's folder (uint32, into the
+ * folders in order of first use), those folders NUL-separated and how many. ``rows``: the scan's
+ * numbers (C-contiguous int64, NFIELDS a row). Runs without the GIL. */
+static PyObject *plain_members(PyObject *self, PyObject *args) {
+    PyObject *names_obj, *rows_obj, *above_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &names_obj, &rows_obj, &above_obj))
+        return NULL;
+    Py_buffer names, rows, above;
+    if (PyObject_GetBuffer(names_obj, &names, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&names);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(above_obj, &above, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&names);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (rows.len % (NFIELDS * 8) || above.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "rows of NFIELDS int64, above of uint64");
+        goto out;
+    }
+    Plain got = {0};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = plain_members_of(names.buf, (size_t)names.len, rows.buf, (size_t)rows.len / (NFIELDS * 8), above.buf,
+                              (size_t)above.len / 8, &got);
+    Py_END_ALLOW_THREADS
+    if (status == PLAIN_NOMEM)
+        PyErr_NoMemory();
+    else if (status == PLAIN_NO)
+        result = Py_NewRef(Py_None);
+    else {
+        size_t n = (size_t)rows.len / (NFIELDS * 8);
+        PyObject *kept = got.nkeep == n ? Py_NewRef(Py_None)
+                                        : PyBytes_FromStringAndSize((char *)got.keep, (Py_ssize_t)(got.nkeep * 8));
+        PyObject *blob = got.blob == NULL ? Py_NewRef(Py_None)
+                                          : PyBytes_FromStringAndSize(got.blob, got.nkeep ? (Py_ssize_t)got.name_end[got.nkeep - 1] : 0);
+        if (kept && blob)
+            result = Py_BuildValue("(OOy#y#y#n)", kept, blob, (char *)got.name_end, (Py_ssize_t)(got.nkeep * 8),
+                                   (char *)got.parent, (Py_ssize_t)(got.nkeep * 4), got.dirs.data ? got.dirs.data : "",
+                                   (Py_ssize_t)got.dirs.len, (Py_ssize_t)got.ndirs);
+        Py_XDECREF(kept);
+        Py_XDECREF(blob);
+    }
+    free(got.keep);
+    free(got.blob);
+    free(got.name_end);
+    free(got.parent);
+    free(got.dirs.data);
+out:
+    PyBuffer_Release(&names);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&above);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Parse plain tar headers from a chunk: (stop, reason, names, numbers, links, smalls, above)."},
+    {"plain_members", plain_members, METH_VARARGS,
+     "A shard's columns as index/plain.py keeps them: None, or (kept, blob, name_end, parent, dirs, ndirs)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tarscan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__tarscan(void) {
+    static int keyed;
+    if (!keyed) {
+        if (pthread_key_create(&scratch_key, scratch_free) != 0)
+            return PyErr_NoMemory();
+        keyed = 1;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "NFIELDS", NFIELDS) < 0) {
         Py_DECREF(m);

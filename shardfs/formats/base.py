@@ -138,7 +138,7 @@ class Window:
                         raise
                     raise ShardFormatError(f"read error at offset {pos}: {exc2.strerror}") from None
             off = 0
-        return self.buf[off : off + n]
+        return bytes(self.buf[off : off + n])  # (the tar scanner's chunks are views of a buffer it reuses)
 
 
 class ShardFormat(Protocol):

@@ -21,6 +21,8 @@ continuation of a file from another volume, devices) is left out with a warning 
 
 from __future__ import annotations
 
+import mmap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +48,7 @@ if _tarscan is not None and _tarscan.NFIELDS != NFIELDS:
     _tarscan = None  # built from another version of _tarscan.c (build_ext again): not to be misread
 
 BLOCK = 512
+PAGE = mmap.PAGESIZE
 MAX_EXT_HEADER = 1 << 20  # a PAX or GNU long-name record (or a PAX 1.0 sparse map) larger than this is hostile
 
 _REGULAR = {b"0", b"\0", b"7"}
@@ -226,19 +229,19 @@ def _fast(win: Window, pos: int, size: int, add: Callable[[MemberColumns], None]
     ``win`` and given to ``add`` a batch at a time; returns where the first header it leaves to
     the plain scanner is (or the shard's end)."""
     stalled = False  # the chunk ends inside the next header or a small member's data
+    asked = None  # where the last chunk read here was wanted from
     while pos + BLOCK <= size:
         end = win.start + len(win.buf)
         if stalled or pos < win.start or pos + BLOCK > end:
-            if stalled and win.start == pos:
+            if stalled and asked == pos:
                 return pos  # a fresh chunk does not hold it either: the plain scanner reads it
-            at = end if end <= pos < end + chunk_size else pos
+            asked = at = end if end <= pos < end + chunk_size else pos
             try:
-                chunk = win.src.pread(at, chunk_size)
+                win.start, win.buf = _read_chunk(win.src, at, min(chunk_size, size - at))
             except ShardIOError as exc:
                 if exc.unavailable:
                     raise
                 return pos  # a bad spot: the plain scanner reads around it in small pieces
-            win.start, win.buf = at, chunk
         base = win.start
         stop, reason, *columns = _tarscan.scan(win.buf, pos - base, base, size, SMALL_DATA)
         batch = MemberColumns.of(*columns)
@@ -248,6 +251,39 @@ def _fast(win: Window, pos: int, size: int, add: Callable[[MemberColumns], None]
             return base + stop
         stalled, pos = base + stop == pos, base + stop
     return pos
+
+
+def _read_chunk(src: ByteSource, at: int, length: int) -> tuple[int, bytes | memoryview]:
+    """(where they start, the bytes) of a chunk holding ``length`` bytes from ``at``: a ``pread``
+    through the page cache (the kernel reads ahead), or, on a thread whose last shard had tiny
+    members (``_buffers.direct``), from a source that reads straight into memory (a local file:
+    O_DIRECT, ``Shard.reads_into``), from the page boundary below ``at`` into this thread's
+    buffer, reused. Measured at 400,000 members of ~1 KB, where the scan is CPU-bound: through the
+    page cache into a fresh buffer each time, 0.4-0.6 s of kernel CPU (the copy, page-cache pages
+    added and dropped, fresh pages faulted in); straight into one buffer, ~0.05 s. Where members
+    are large, storage is the bound, and a capped one (200 IOPS) served the kernel's readahead
+    faster than 4 MiB direct reads (110 KB members, index build over a sequential read: 1.7x
+    direct, 1.0x through the page cache)."""
+    if not (getattr(_buffers, "direct", False) and getattr(src, "reads_into", False)):
+        return at, src.pread(at, length)
+    start = at - at % PAGE
+    length += at - start
+    buf = _read_buffer(-(-length // PAGE) * PAGE)  # O_DIRECT reads whole pages
+    src.read_at(buf, start, length)
+    return start, buf[:length]
+
+
+_buffers = threading.local()
+DIRECT_BELOW = 32 << 10  # mean bytes a member (its header and data) under which a thread reads direct
+
+
+def _read_buffer(size: int) -> memoryview:
+    """This thread's read buffer (page-aligned: an anonymous mapping), made once and grown as
+    needed: whatever the chunks scanned last keep of it stays theirs (a view keeps it alive)."""
+    buf = getattr(_buffers, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _buffers.buf = memoryview(mmap.mmap(-1, max(size, CHUNK + PAGE)))
+    return buf
 
 
 class TarFormat(AsStored):
@@ -285,6 +321,8 @@ class TarFormat(AsStored):
             result.error = str(exc)
         if batches:
             result.columns = MemberColumns.join(batches)
+        count = len(result.members) + (len(result.columns) if result.columns is not None else 0)
+        _buffers.direct = count > 0 and src.size / count < DIRECT_BELOW  # for this thread's next shard
         if skipped:
             at, blocks = skipped[0]
             note = (f"{'not a tar archive' if at == 0 else 'damaged header'}: bad header checksum at offset {at}"

@@ -50,12 +50,20 @@ class Keeping:
 
     def __init__(self, shard: Shard):
         self.shard, self.size, self.window = shard, shard.size, shard.window
+        self.reads_into = shard.reads_into
         self.kept: dict[int, bytes] = {}
         self._wanted = ranges(shard.size)
 
     def pread(self, offset: int, length: int) -> bytes:
         data = self.shard.pread(offset, length)
+        self._keep(offset, data)
+        return data
+
+    def read_at(self, buf: memoryview, offset: int, length: int) -> None:
+        self.shard.read_at(buf, offset, length)
+        self._keep(offset, buf[:length])
+
+    def _keep(self, offset: int, data) -> None:
         for at, n in self._wanted:
             if at not in self.kept and offset <= at and at + n <= offset + len(data):
-                self.kept[at] = data[at - offset : at - offset + n]
-        return data
+                self.kept[at] = bytes(data[at - offset : at - offset + n])  # (``data`` may be a reused buffer)

@@ -75,7 +75,8 @@ def save(index: ShardIndex, path: str) -> None:
     # Directory names never hold a NUL (names.normalise refuses it): one NUL-joined blob.
     arrays = [(name, np.ascontiguousarray(getattr(index, name))) for name in ARRAYS]
     arrays += zip(SPARSE_ARRAYS, sparse_tables(index.sparse))
-    arrays.append(("dirs", np.frombuffer(b"\0".join(index.dirs), np.uint8)))
+    dirs = index.dirs.blob if isinstance(index.dirs, SplitOnUse) else b"\0".join(index.dirs)  # (not split to be joined)
+    arrays.append(("dirs", np.frombuffer(dirs, np.uint8)))
     meta = json.dumps({
         "format": index.format,
         "shard_size": index.shard_size,

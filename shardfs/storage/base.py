@@ -42,6 +42,7 @@ class Shard:
 
     remote = False
     window = 64 * 1024  # how much a sequential scan reads at once (larger for remote objects)
+    reads_into = False  # read_at fills the buffer without a copy of its own (a local file's O_DIRECT)
 
     def __init__(self, path: str, size: int, mtime_ns: int):
         self.path, self.size, self.mtime_ns = path, size, mtime_ns
@@ -74,7 +75,7 @@ class Shard:
     def read_at(self, buf: memoryview, offset: int, length: int) -> None:
         """Fill ``buf[:length]`` with the shard's bytes at ``offset``, or ShardIOError. Kinds that
         can read straight into memory do (a page-aligned ``buf`` with room for whole pages lets a
-        local file be read with O_DIRECT)."""
+        local file be read with O_DIRECT). ``on_read`` is told, as by ``pread``."""
         buf[:length] = self.pread(offset, length)
 
     def _pread(self, offset: int, length: int) -> bytes:

@@ -20,6 +20,7 @@ PAGE = mmap.PAGESIZE
 
 
 class LocalShard(Shard):
+    reads_into = True
     def __init__(self, path: str, size: int, mtime_ns: int, sequential: bool = False):
         """``sequential``: read front to back once (an index scan), so the kernel's readahead
         helps and the pages are dropped at close; otherwise reads are random (serving)."""
@@ -112,6 +113,8 @@ class LocalShard(Shard):
         if self.broken:
             raise ShardIOError(self.broken, unavailable=True, permanent=True)
         self._bounded(offset, self._read_at_now, buf, offset, length)
+        if self.on_read is not None and length:
+            self.on_read(offset, buf[:length])
 
     def _read_at_now(self, buf: memoryview, offset: int, length: int) -> None:
         fd = self.fd()
