@@ -53,7 +53,8 @@ def long_description() -> str:
 
 
 LOWLEVEL = "shardfs/fuse/lowlevel"
-# where lowlevel.h binds dlopen and its kin to their first symbol version (glibc on x86_64)
+# where lowlevel.h binds dlopen and its kin, and _tarscan.c the thread keys, to their first symbol
+# version (glibc on x86_64)
 OLD_DLOPEN = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
 # the oldest CPython the wheel serves: its limited API (0x030A0000) and its wheel tag (cp310)
 ABI3 = {"py_limited_api": True, "define_macros": [("Py_LIMITED_API", "0x030A0000")]}
@@ -77,6 +78,8 @@ setup(
         sources=["shardfs/formats/_tarscan.c"],
         depends=["shardfs/pybuffer310.h"],
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
+        # where glibc before 2.34 keeps the thread keys (_tarscan.c binds them to their old symbol version)
+        extra_link_args=["-Wl,--no-as-needed", "-l:libpthread.so.0"] if OLD_DLOPEN else [],
         **ABI3,
     )],
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

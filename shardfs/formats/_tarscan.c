@@ -30,6 +30,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The thread keys moved from libpthread into libc in glibc 2.34 under a new symbol version; bound
+ * to their first one (x86_64: GLIBC_2.2.5, which libc keeps, and setup.py links libpthread.so.0,
+ * where older glibc has them), the module loads on glibc 2.17 and newer (the wheel's manylinux2014
+ * tag), as the request loop does with dlopen (fuse/lowlevel/lowlevel.h). */
+#if defined(__x86_64__) && defined(__GLIBC__)
+__asm__(".symver pthread_key_create,pthread_key_create@GLIBC_2.2.5");
+__asm__(".symver pthread_getspecific,pthread_getspecific@GLIBC_2.2.5");
+__asm__(".symver pthread_setspecific,pthread_setspecific@GLIBC_2.2.5");
+#endif
+
 #define BLOCK 512
 /* per member: name end, where its normal form starts and ends in it (see normal_span), kind,
  * data offset, size, mode, mtime, link end, kept data end, the normal form's path hash, where its

@@ -279,10 +279,14 @@ DIRECT_BELOW = 32 << 10  # mean bytes a member (its header and data) under which
 
 def _read_buffer(size: int) -> memoryview:
     """This thread's read buffer (page-aligned: an anonymous mapping), made once and grown as
-    needed: whatever the chunks scanned last keep of it stays theirs (a view keeps it alive)."""
+    needed: whatever the chunks scanned last keep of it stays theirs (a view keeps it alive).
+    Private, not mmap's default MAP_SHARED: a process forked from this thread (pack's and the
+    build's worker processes) would otherwise read its shards into the very pages its parent and
+    its siblings read theirs into."""
     buf = getattr(_buffers, "buf", None)
     if buf is None or len(buf) < size:
-        buf = _buffers.buf = memoryview(mmap.mmap(-1, max(size, CHUNK + PAGE)))
+        buf = _buffers.buf = memoryview(mmap.mmap(-1, max(size, CHUNK + PAGE),
+                                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
     return buf
 
 
