@@ -415,8 +415,8 @@ def _mount_options() -> argparse.ArgumentParser:
                         "HTTPFileSystem): endpoint_url=http://host:9000, anon=true, key=..., secret=...; repeat it")
     m.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
                                        "(default $XDG_CACHE_HOME/shardfs)")
-    m.add_argument("--workers", type=int, help="indexes built at once (tar shards: two threads each, one parses while "
-                                               "the other reads; processes for Parquet, Arrow, HDF5 and lz4 shards; "
+    m.add_argument("--workers", type=int, help="indexes built at once (tar shards: three threads each, some parse while "
+                                               "others read; processes for Parquet, Arrow, HDF5 and lz4 shards; "
                                                "default: the cores, up to 8)")
     m.add_argument("--no-auto-unmount", action="store_true",
                    help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
@@ -495,7 +495,7 @@ def _add_index(add) -> None:
     p = add("index", parents=[_remote_options()], help="build shard indexes ahead of time")
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--index-dir")
-    p.add_argument("--workers", type=int, help="indexes built at once (tar shards: two threads each; default: the cores)")
+    p.add_argument("--workers", type=int, help="indexes built at once (tar shards: three threads each; default: the cores)")
     p.add_argument("--rebuild", action="store_true", help="rebuild even if current")
     columns_option(p)
     p.set_defaults(func=cmd_index)
