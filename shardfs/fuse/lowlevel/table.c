@@ -200,15 +200,22 @@ void fill_stat(const Table *t, uint32_t n, struct stat *st) {
     st->st_atim = st->st_ctim = st->st_mtim;
 }
 
-/* A bytes-like object's memory, kept in keep for the table's life. */
-static int take_bytes(PyObject *arrays, const char *name, const char **out, Py_ssize_t *len, PyObject *keep) {
-    PyObject *obj = PyDict_GetItemString(arrays, name);
-    if (obj == NULL) {
+/* The buffer of arrays[name] (flags as PyObject_GetBuffer's), and the object in *obj. */
+static int get_buffer(PyObject *arrays, const char *name, int flags, Py_buffer *view, PyObject **obj) {
+    *obj = PyDict_GetItemString(arrays, name);
+    if (*obj == NULL) {
         PyErr_Format(PyExc_KeyError, "table array %s missing", name);
         return -1;
     }
+    return PyObject_GetBuffer(*obj, view, flags);
+}
+
+/* The memory of arrays[name] (any length: bytes, or a read-only map of a saved view,
+ * view/snapshot.py), the object kept in keep for the table's life. */
+static int take_bytes(PyObject *arrays, const char *name, const char **out, Py_ssize_t *len, PyObject *keep) {
     Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+    PyObject *obj;
+    if (get_buffer(arrays, name, PyBUF_SIMPLE, &view, &obj) < 0)
         return -1;
     *out = view.buf;
     *len = view.len;
@@ -220,13 +227,9 @@ static int take_bytes(PyObject *arrays, const char *name, const char **out, Py_s
 /* Fields: (name, address of the pointer, element size). Each array must hold count elements. */
 static int take_array(PyObject *arrays, const char *name, const void **out, Py_ssize_t itemsize,
                       Py_ssize_t count, PyObject *keep) {
-    PyObject *obj = PyDict_GetItemString(arrays, name);
-    if (obj == NULL) {
-        PyErr_Format(PyExc_KeyError, "table array %s missing", name);
-        return -1;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0)
+    PyObject *obj;
+    if (get_buffer(arrays, name, PyBUF_C_CONTIGUOUS, &view, &obj) < 0)
         return -1;
     if (view.len != count * itemsize) {
         PyBuffer_Release(&view);
@@ -298,7 +301,6 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     t->keep = PyList_New(0);
     if (t->keep == NULL)
         return -1;
-    /* (bytes, or a read-only map of a saved view: view/snapshot.py) */
     Py_ssize_t dir_names_len, names_len;
     if (take_bytes(arrays, "dir_names", &t->dir_names, &dir_names_len, t->keep) < 0 ||
         take_bytes(arrays, "names", &t->names, &names_len, t->keep) < 0)
