@@ -32,8 +32,9 @@ try:
     seen["create"] = "done"
 except OSError as exc:
     seen["create"] = errno.errorcode[exc.errno]
-with open(os.path.join(home, "inside.json"), "w") as f:
+with open(os.path.join(home, "inside.json.tmp"), "w") as f:  # renamed whole: the payload reads it once it exists
     json.dump(seen, f)
+os.replace(os.path.join(home, "inside.json.tmp"), os.path.join(home, "inside.json"))
 deadline = time.monotonic() + 120
 while not os.path.exists(os.path.join(home, "looked")) and time.monotonic() < deadline:
     time.sleep(0.05)
