@@ -140,10 +140,12 @@ class Mount:
 def mount(tmp_path):
     """``mount(src, *options)`` mounts through the real CLI; every mount is undone at teardown."""
     made: list[Mount] = []
+    tried: list[str] = []  # every mountpoint asked for: a mount that never returned is undone too
 
     def do_mount(*sources: str, options: tuple[str, ...] = (), name: str = "mnt", expect_ok: bool = True):
         mnt = tmp_path / name
         mnt.mkdir(exist_ok=True)
+        tried.append(str(mnt))
         log_file = str(tmp_path / f"{name}.log")
         done = shardfs_cmd("mount", *map(str, sources), str(mnt), "--log-file", log_file, *options)
         if not expect_ok:
@@ -158,6 +160,13 @@ def mount(tmp_path):
     finally:
         for m in made:
             force_unmount(m.path, m.pid)
+        for path in tried:
+            if os.path.ismount(path):  # its `shardfs mount` failed or hung after the daemon mounted
+                try:
+                    pid = mount_stats(path)["pid"]
+                except (OSError, ValueError, KeyError):
+                    pid = None
+                force_unmount(path, pid)
 
 
 @pytest.fixture(scope="session")

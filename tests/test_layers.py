@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shardfs"
 RANK = {
-    "errors": 0, "dirs": 0, "redact": 0, "atomic": 0,
+    "errors": 0, "dirs": 0, "redact": 0, "atomic": 0, "processes": 0,
     "storage": 1, "formats": 2, "index": 3, "view": 4, "fuse": 5, "pack": 5, "service": 6,
     "cli": 7, "__init__": 8, "__main__": 8,  # shardfs.mounted and `python -m shardfs`: the front doors
 }

@@ -21,15 +21,12 @@ import time
 import traceback
 from collections.abc import Callable
 
+from shardfs import processes
 from shardfs.errors import UsageError
 
 
 def can_fork() -> bool:
-    """One thread in this process (native ones included: /proc counts those Python did not start)."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    return processes.single_threaded()
 
 
 class ForkedDaemon:

@@ -18,8 +18,9 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
+from shardfs import processes
 from shardfs.formats.datafile import Columns
 from shardfs.index import index_file
 from shardfs.index import store as index_store
@@ -28,6 +29,7 @@ from shardfs.storage import deadline
 from shardfs.storage.base import is_url
 from shardfs.storage.peers import owner
 from shardfs.storage.peers.client import PeerFailure
+from shardfs.view.dataset import builds_in_threads
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +85,19 @@ class IndexSharing:
         if not todo:
             return
         log.info("building the indexes of %d shards this node owns (the other nodes ask for them)", len(todo))
-        with ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(todo)))) as pool:
-            futures = []
-            for digest, path in todo:
-                with self._lock:
-                    if digest not in self._builds:  # (a peer may have asked first)
-                        self._builds[digest] = self._counted(pool.submit(_load_or_build, path, self.index_dir,
-                                                                         self.columns))
-                    futures.append(self._builds[digest])
+        with self._pool(len(todo), all(builds_in_threads(path) for _, path in todo)) as pool:
+            futures = [self._build_once(digest, path, pool) for digest, path in todo]  # (a peer may have asked first)
             for done, future in enumerate(futures, 1):
                 self._wait(future, None)
                 if progress is not None:
                     progress(done, len(futures))
+
+    def _pool(self, builds: int, in_threads: bool) -> Executor:
+        """Where the owned shards' indexes are built: threads for tar (as dataset._build does, for
+        the same reasons), else worker processes (safe in this process, which has threads)."""
+        if in_threads:
+            return ThreadPoolExecutor(min(3 * self.workers, builds), thread_name_prefix="shardfs-index")
+        return processes.pool(max(1, min(self.workers, builds)))
 
     def _current(self, path: str) -> ShardIndex | None:
         try:
@@ -102,29 +105,38 @@ class IndexSharing:
         except OSError:
             return None
 
-    def _counted(self, future: Future) -> Future:
-        """Where the index is stored, counting a build."""
-        out: Future = Future()
+    def _build_once(self, digest: str, path: str, pool: Executor) -> Future:
+        """Where the shard's index is stored, once built (or found) on ``pool``; a shard asked for
+        again gets the first build's Future. Chained outside the lock: a build that has already
+        ended runs its callback at once, on this thread, and that callback takes the lock too
+        (a mount hung that way, in CI)."""
+        with self._lock:
+            found = self._builds.get(digest)
+            if found is not None:
+                return found
+            out = self._builds[digest] = Future()
+        out.set_running_or_notify_cancel()
+        try:
+            built = pool.submit(_load_or_build, path, self.index_dir, self.columns)
+        except RuntimeError as exc:  # the pool is shut down (an unmount under way)
+            out.set_exception(exc)
+            return out
 
         def done(f: Future) -> None:
-            if f.exception() is not None:
-                out.set_exception(f.exception())
+            try:
+                stored, new = f.result()
+            except BaseException as exc:  # noqa: BLE001 - cancelled too (an unmount): the waiters get it
+                out.set_exception(exc)
                 return
-            stored, built = f.result()
             with self._lock:
-                self.built += built
+                self.built += new
             out.set_result(stored)
 
-        future.add_done_callback(done)
+        built.add_done_callback(done)
         return out
 
     def _once(self, digest: str, path: str) -> Future:
-        with self._lock:
-            found = self._builds.get(digest)
-            if found is None:
-                found = self._builds[digest] = self._counted(
-                    self._builder.submit(_load_or_build, path, self.index_dir, self.columns))
-            return found
+        return self._build_once(digest, path, self._builder)
 
     # ---- the owner's side ------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from shardfs import processes
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.formats import ShardFormatError, format_for
 from shardfs.formats.base import DataLayout
@@ -79,9 +80,10 @@ class Dataset:
         self._layouts: dict[str, DataLayout] = {}
 
 
-def _index_worker(parent: int) -> None:
-    """A build worker ends with the daemon: killed mid-build (stopped, unmounted by its service),
-    it would leave its workers waiting forever on their queue. And it keeps its scan's large
+def _index_worker(parent: int | None) -> None:
+    """A build worker ends with the daemon (``parent``, where it forked us directly: see
+    processes.pool): killed mid-build (stopped, unmounted by its service), it would leave its
+    workers waiting forever on their queue. And it keeps its scan's large
     buffers on its heap: forked from the daemon, it inherits a fixed mmap threshold of 256 KiB
     (service/daemon.py), under which every 4 MiB read of the scan would be mapped afresh and its
     pages faulted in again (measured: 25x the page faults, 1.5-1.8x the time)."""
@@ -91,7 +93,7 @@ def _index_worker(parent: int) -> None:
     if not hasattr(libc, "prctl"):  # not Linux
         return
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before we asked
+    if parent is not None and os.getppid() != parent:  # it died before we asked
         os._exit(1)
 
 
@@ -117,7 +119,7 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
                  columns: Columns = Columns(), fetch_index=None, keep=None,
                  into: MemberColumns | None = None):
     """(path, ShardIndex or None, how) for each shard, building missing indexes in parallel
-    (threads for tar shards and remote ones, see _builds_in_threads; processes for the others).
+    (threads for tar shards and remote ones, see builds_in_threads; processes for the others).
     ``progress``: a progress.IndexProgress, told as each index is ready. ``fetch_index(path)``: the
     shard's index from a peer (its owner built it), or None; tried before building one.
     ``keep(shard)``: a context around each build that keeps what it reads in this process's caches
@@ -156,13 +158,13 @@ def index_shards(paths: list[str], index_dir: str | None, workers: int, rebuild:
     # a build that keeps what it reads in this process's caches runs here, whatever the format
     in_process, forked = [], []
     for job in jobs:
-        (in_process if keep is not None or is_url(job[0]) or _builds_in_threads(job[0]) else forked).append(job)
+        (in_process if keep is not None or is_url(job[0]) or builds_in_threads(job[0]) else forked).append(job)
     for group, build_in_threads in ((in_process, True), (forked, False)):
         _build(group, workers, build_in_threads, collect)
     return [(p, *done[p]) for p in paths]
 
 
-def _builds_in_threads(path: str) -> bool:
+def builds_in_threads(path: str) -> bool:
     """Tar shards are indexed on threads of this process: their scan runs compiled and reads
     storage, both without the GIL (index/plain.py's column work too), and what Python does per shard
     is ~0.5 ms, most of it saving the index;
@@ -185,8 +187,7 @@ def _build(jobs: list, workers: int, in_threads: bool, collect) -> None:
         with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="shardfs-index") as pool:
             collect(zip(paths, pool.map(_load_or_build, jobs)))
     elif len(jobs) > 1 and workers > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_index_worker,
-                                 initargs=(os.getpid(),)) as pool:
+        with processes.pool(min(workers, len(jobs)), _index_worker, preload=(__name__,)) as pool:
             collect(zip(paths, pool.map(_load_or_build, jobs, chunksize=1)))
     else:
         collect(zip(paths, map(_load_or_build, jobs)))

@@ -1,0 +1,104 @@
+"""processes: worker pools started from a process whose other threads hold locks."""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from shardfs import processes
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HELD = threading.Lock()  # held by another thread while the pool starts: forked as held
+
+
+def _takes_the_lock() -> int:
+    with HELD:
+        return os.getpid()
+
+
+class HeldElsewhere:
+    """HELD, taken by a thread of its own for the duration of the block."""
+
+    def __enter__(self):
+        self.taken, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+        self.thread.start()
+        assert self.taken.wait(60)
+        return self
+
+    def _hold(self):
+        with HELD:
+            self.taken.set()
+            self.done.wait(120)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(60)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    workers = list(pool._processes)  # the pids of processes we started (a hung one never ends)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _parent(parent):
+    global PARENT
+    PARENT = parent
+
+
+PARENT = "not initialised"
+
+
+def _work_and_parent() -> tuple[int, object]:
+    with HELD:
+        return os.getpid(), PARENT
+
+
+def test_a_pool_made_while_another_thread_holds_a_lock_runs_work_that_takes_it():
+    with HeldElsewhere():
+        pool = processes.pool(1, _parent)
+        future = pool.submit(_work_and_parent)
+    try:
+        worker, parent = future.result(timeout=120)
+        assert worker != os.getpid()
+        assert parent is None  # a fork server's child: not ours to watch
+    finally:
+        _stop(pool)
+
+
+def test_a_plain_fork_there_hangs_on_the_lock_it_copied_as_held():
+    """What the pool avoids: the same work, on a worker forked directly."""
+    with HeldElsewhere():
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        future = pool.submit(_takes_the_lock)
+    try:
+        # The lock is free again here; the worker waits on its own copy, held by a thread it has not.
+        try:
+            future.result(timeout=3)
+            hung = False
+        except FutureTimeout:
+            hung = True
+        assert hung
+    finally:
+        _stop(pool)
+
+
+def test_a_single_threaded_process_forks_its_workers_itself():
+    """(In a process of its own: this one has other tests' threads.)"""
+    code = ("import os, test_processes as t; from shardfs import processes\n"
+            "pool = processes.pool(1, t._parent)\n"
+            "worker, parent = pool.submit(t._work_and_parent).result(timeout=120)\n"
+            "print(parent == os.getpid() and worker != os.getpid())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), REPO])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip() == "True", done.stderr
