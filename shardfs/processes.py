@@ -45,18 +45,28 @@ def pool(workers: int, initializer=None, initargs: tuple = (), preload: tuple[st
 
 def _start_helpers_detached() -> None:
     """Start the fork server and multiprocessing's resource tracker (each once per process) with
-    /dev/null for stderr. They live as long as this process, and a daemon's stderr is the pipe
-    its `shardfs mount` reads until the mount is ready: inherited, it would keep that command
-    waiting for the pipe's end. (What workers raise reaches us through their futures. A line
-    another thread writes to stderr in these few milliseconds is lost.)"""
+    /dev/null for stdout and stderr. They live as long as this process, and a daemon's stderr is
+    the pipe its `shardfs mount` reads until the mount is ready: inherited, it would keep that
+    command waiting for the pipe's end. (What workers raise reaches us through their futures. A
+    line another thread writes in these few milliseconds is lost.)"""
     from multiprocessing import forkserver, resource_tracker
 
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    null = os.open(os.devnull, os.O_WRONLY)
+    saved = {}
+    for fd in (1, 2):
+        try:
+            saved[fd] = os.dup(fd)
+        except OSError:  # not open: nothing to keep from them
+            saved[fd] = None
+        os.dup2(null, fd)
     try:
-        os.dup2(null, 2)
         resource_tracker.ensure_running()
         forkserver.ensure_running()
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, was in saved.items():
+            if was is None:
+                os.close(fd)
+            else:
+                os.dup2(was, fd)
+                os.close(was)
         os.close(null)

@@ -2,10 +2,12 @@
 
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -102,3 +104,33 @@ def test_a_single_threaded_process_forks_its_workers_itself():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), REPO])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_the_helpers_a_threaded_process_starts_do_not_hold_its_stderr():
+    """As a daemon does before it is ready: stderr is the pipe its `shardfs mount` reads to its
+    end. The process makes a pool (it has a thread: from a fork server), runs work, then lets go
+    of that pipe and lives on; the pipe must end then, not when the fork server does."""
+    code = ("import os, threading, time, test_processes as t; from shardfs import processes\n"
+            "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+            "with processes.pool(1) as pool:\n"
+            "    pool.submit(t._takes_the_lock).result(timeout=120)\n"
+            "print('built', flush=True)\n"
+            "null = os.open(os.devnull, os.O_WRONLY); os.dup2(null, 1); os.dup2(null, 2)\n"
+            "time.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), REPO])}
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        out, deadline = b"", time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([child.stdout], [], [], 1.0)
+            if ready:
+                chunk = os.read(child.stdout.fileno(), 4096)
+                if not chunk:
+                    break  # the pipe's end: nobody holds it
+                out += chunk
+        else:
+            raise AssertionError(f"the pipe never ended (output so far: {out!r})")
+        assert out.strip() == b"built" and child.poll() is None  # it lives on, as a daemon does
+    finally:
+        child.kill()
+        child.wait(60)
