@@ -153,12 +153,13 @@ def _wait_ready(child: Child, fd: int, stall_timeout: float) -> tuple[dict | Non
 def _wait_lines(child: Child, fd: int, stall_timeout: float, bar: _IndexBar) -> tuple[dict | None, str]:
     last, pending = "starting", b""
     deadline = time.monotonic() + stall_timeout
+    waiting = select.poll()  # (select() fails on a descriptor over 1,023: a caller with many files open)
+    waiting.register(fd, select.POLLIN)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None, f"the daemon made no progress for {stall_timeout:g} s (last step: {last})"
-        readable, _, _ = select.select([fd], [], [], min(left, 1.0))
-        if not readable:
+        if not waiting.poll(max(1, int(min(left, 1.0) * 1000))):
             if child.poll() is not None:  # dead, though a process it forked may hold the pipe
                 return None, f"the daemon exited with status {child.returncode} (last step: {last})"
             continue
