@@ -3,8 +3,7 @@
 fork() copies only the thread that calls it: a lock another thread held at that moment (an I/O
 buffer's, a C library's, an extension's allocator) stays held forever in the child, and a worker
 that needs it hangs. The daemon has threads by the time it builds indexes (the peer server, the
-storage threads); in CI, one of sixteen daemons started together once hung that way for good.
-So a pool forks its workers directly only from a single-threaded process (`shardfs index`: fast,
+storage threads, the loaders), and Python 3.12 warns of every such fork. So a pool forks its workers directly only from a single-threaded process (`shardfs index`: fast,
 nothing imported again); otherwise they fork from a fork server, a single-threaded interpreter
 started once (it imports ``preload`` first, so each worker does not).
 """

@@ -20,7 +20,6 @@ import threading
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
-from shardfs import processes
 from shardfs.formats.datafile import Columns
 from shardfs.index import index_file
 from shardfs.index import store as index_store
@@ -29,7 +28,7 @@ from shardfs.storage import deadline
 from shardfs.storage.base import is_url
 from shardfs.storage.peers import owner
 from shardfs.storage.peers.client import PeerFailure
-from shardfs.view.dataset import builds_in_threads
+from shardfs.view.dataset import build_pool, builds_in_threads
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +84,13 @@ class IndexSharing:
         if not todo:
             return
         log.info("building the indexes of %d shards this node owns (the other nodes ask for them)", len(todo))
-        with self._pool(len(todo), all(builds_in_threads(path) for _, path in todo)) as pool:
+        in_threads = all(builds_in_threads(path) for _, path in todo)
+        with build_pool(len(todo), max(1, self.workers), in_threads) as pool:
             futures = [self._build_once(digest, path, pool) for digest, path in todo]  # (a peer may have asked first)
             for done, future in enumerate(futures, 1):
                 self._wait(future, None)
                 if progress is not None:
                     progress(done, len(futures))
-
-    def _pool(self, builds: int, in_threads: bool) -> Executor:
-        """Where the owned shards' indexes are built: threads for tar (as dataset._build does, for
-        the same reasons), else worker processes (safe in this process, which has threads)."""
-        if in_threads:
-            return ThreadPoolExecutor(min(3 * self.workers, builds), thread_name_prefix="shardfs-index")
-        return processes.pool(max(1, min(self.workers, builds)))
 
     def _current(self, path: str) -> ShardIndex | None:
         try:

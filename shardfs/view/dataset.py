@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,18 +179,26 @@ def _build(jobs: list, workers: int, in_threads: bool, collect) -> None:
     paths = [job[0] for job in jobs]
     remote = any(is_url(p) for p in paths)
     if len(jobs) > 1 and (in_threads and (remote or workers > 1)):
+        with build_pool(len(jobs), workers, in_threads=True, remote=remote) as pool:
+            collect(zip(paths, pool.map(_load_or_build, jobs)))
+    elif len(jobs) > 1 and workers > 1:
+        with build_pool(len(jobs), workers, in_threads=False) as pool:
+            collect(zip(paths, pool.map(_load_or_build, jobs, chunksize=1)))
+    else:
+        collect(zip(paths, map(_load_or_build, jobs)))
+
+
+def build_pool(builds: int, workers: int, in_threads: bool, remote: bool = False) -> Executor:
+    """Where ``builds`` index builds run, ``workers`` (--workers) at a time: threads for tar and
+    remote shards (builds_in_threads), else worker processes that end with this one."""
+    if in_threads:
         # More threads than cores: remote shards wait on the network; a local shard's scan waits on
         # its reads (O_DIRECT, no readahead) while others parse (measured at 400,000 tiny members,
         # 2 cores: 4 threads took 0.85x the time of 2; at 4,000,000, build minus load over a
         # sequential read: 4 threads 1.22x [1.20-1.23], 6 threads 1.11x [1.07-1.14], 8 1.16x).
         threads = max(workers, 8) if remote else 3 * workers
-        with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="shardfs-index") as pool:
-            collect(zip(paths, pool.map(_load_or_build, jobs)))
-    elif len(jobs) > 1 and workers > 1:
-        with processes.pool(min(workers, len(jobs)), _index_worker, preload=(__name__,)) as pool:
-            collect(zip(paths, pool.map(_load_or_build, jobs, chunksize=1)))
-    else:
-        collect(zip(paths, map(_load_or_build, jobs)))
+        return ThreadPoolExecutor(max_workers=min(threads, builds), thread_name_prefix="shardfs-index")
+    return processes.pool(min(workers, builds), _index_worker, preload=(__name__,))
 
 
 FETCHES = 16  # indexes asked of peers at once (each may wait for its owner's build)
