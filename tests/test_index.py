@@ -1,6 +1,7 @@
 """Persisted indexes: a remount loads them instead of reading shard headers; a changed shard rebuilds."""
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -15,6 +16,7 @@ from tarcraft import archive, member, old_sparse_member
 from shardfs.index import index_file
 from shardfs.index import shard_index as index
 from shardfs.index import store
+from shardfs.index.member_columns import MemberColumns
 
 
 @needs_fuse
@@ -180,6 +182,32 @@ def _save_version_3(ix: index.ShardIndex, path: str, monkeypatch) -> None:
         index_file.save(ix, path)
 
 
+def _blake2b(path: bytes) -> int:
+    """The path hash of index versions up to 4."""
+    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+def test_an_index_of_version_4_is_loaded_with_its_hashes_made_again(tmp_path, monkeypatch):
+    """Version 4 hashed names with BLAKE2b: its file is read, the hashes computed again from its
+    names (the shard not read), and written back as version 5; the mount finds every file."""
+    shard = _odd_shard(tmp_path)
+    built, _ = store.load_or_build(shard)
+    want = built.hash.copy()
+    ends = built.name_end.tolist()
+    built.hash = np.array([_blake2b(built.names[a:b]) for a, b in zip([0] + ends[:-1], ends)], np.uint64)
+    assert not np.array_equal(built.hash, want)
+    with monkeypatch.context() as patch:
+        patch.setattr(index_file, "INDEX_VERSION", 4)
+        index_file.save(built, built.stored_at)
+    for columns in (None, MemberColumns(os.path.getsize(built.stored_at))):
+        back = index_file.load(built.stored_at, columns)
+        assert back.legacy and back.hash.tolist() == want.tolist()
+    ix, how = store.load_or_build(shard)
+    assert how == "loaded" and not ix.legacy and ix.hash.tolist() == want.tolist()
+    with open(built.stored_at, "rb") as f:
+        assert int.from_bytes(f.read(12)[8:12], "little") == index_file.INDEX_VERSION == 5
+
+
 def test_an_index_of_version_3_is_used_unless_it_left_members_out(tmp_path, monkeypatch):
     shard = _odd_shard(tmp_path)
     built, _ = store.load_or_build(shard)
@@ -187,8 +215,8 @@ def test_an_index_of_version_3_is_used_unless_it_left_members_out(tmp_path, monk
     assert index_file.load(built.stored_at).legacy
     ix, how = store.load_or_build(shard)
     assert how == "loaded" and not ix.legacy and ix.sparse == {}
-    with open(built.stored_at, "rb") as f:  # rewritten as version 4, not rebuilt
-        assert int.from_bytes(f.read(12)[8:12], "little") == index_file.INDEX_VERSION == 4
+    with open(built.stored_at, "rb") as f:  # rewritten as version 5, not rebuilt
+        assert int.from_bytes(f.read(12)[8:12], "little") == index_file.INDEX_VERSION == 5
     # One whose warnings say a sparse file was left out is rebuilt: this version serves it.
     built.warnings = built.warnings + ["odd.tar: member s.bin: GNU sparse file not served"]
     _save_version_3(built, built.stored_at, monkeypatch)

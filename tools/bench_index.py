@@ -6,7 +6,7 @@ Per round, page cache dropped before each step:
 
   sequential  every shard read once front to back in 4 MiB reads (in this process)
   build       `shardfs index --workers W` with no index present (the indexes beside the shards
-              removed first): a first mount's index build, plus the command's start
+              moved aside first, see benchlib/old_indexes.py): a first mount's index build, plus the command's start
   load        the same command again, every index current: the command's start and the loading
               (as a remount), subtracted from `build`
 
@@ -38,7 +38,7 @@ import sys
 import time
 
 import bench_dataset
-from benchlib import capped
+from benchlib import capped, old_indexes
 from benchlib.caches import drop_caches
 from benchlib.cli import shardfs
 from benchlib.tables import median
@@ -76,9 +76,9 @@ def rounds(shards_dir: str, args) -> list[dict]:
     size = sum(os.path.getsize(p) for p in paths)
     print(f"{len(paths)} shards, {size / 1e6:.0f} MB in {shards_dir}; {args.workers} workers")
     got = []
+    aside = os.path.join(os.path.dirname(os.path.abspath(shards_dir)), ".bench-index-old-indexes")
     for i in range(args.rounds):
-        for index in glob.glob(os.path.join(shards_dir, "*.tar.shardfs-idx")):
-            os.unlink(index)
+        old_indexes.set_aside(aside, shards_dir)
         seq = sequential(paths)
         build, cpu = timed_index(shards_dir, args.workers)
         load, _ = timed_index(shards_dir, args.workers)
@@ -87,6 +87,7 @@ def rounds(shards_dir: str, args) -> list[dict]:
         got.append(row)
         print(f"round {i + 1}: sequential {seq:.2f} s, build {build:.2f} s (CPU {cpu:.2f} s), load {load:.2f} s: "
               f"(build - load) / sequential = {row['ratio']:.2f}; load average {row['loadavg']:.2f}", flush=True)
+    old_indexes.clear(aside)
     return got
 
 

@@ -124,81 +124,66 @@ static int checksum_ok(const unsigned char *h) {
     return want == (int64_t)unsigned_sum || want == signed_sum;
 }
 
-/* index/shard_index.path_hash: BLAKE2b (RFC 7693) with an 8-byte digest, read little-endian:
- * h[0] after the last block. Computed here for each normal name, as the scan has it at hand. */
-static const uint64_t IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-                               0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-                               0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
-static const uint8_t SIGMA[12][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-};
+/* index/names.path_hash: XXH64 (seed 0) of the name, as the xxhash package computes it (tested
+ * against it). Computed here for each normal name, as the scan has it at hand: a few multiplies
+ * per 8 bytes, where the BLAKE2b it replaced spent a twelve-round compression on every name (a
+ * fifth of a 4M-member build's CPU). */
+static const uint64_t P1 = 0x9E3779B185EBCA87ULL, P2 = 0xC2B2AE3D27D4EB4FULL, P3 = 0x165667B19E3779F9ULL,
+                      P4 = 0x85EBCA77C2B2AE63ULL, P5 = 0x27D4EB2F165667C5ULL;
 
-static inline uint64_t rotr(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+static inline uint64_t rotl(uint64_t x, int n) { return (x << n) | (x >> (64 - n)); }
 
-#define G(a, b, c, d, x, y)                                                                                    \
-    do {                                                                                                       \
-        v[a] = v[a] + v[b] + (x);                                                                              \
-        v[d] = rotr(v[d] ^ v[a], 32);                                                                          \
-        v[c] = v[c] + v[d];                                                                                    \
-        v[b] = rotr(v[b] ^ v[c], 24);                                                                          \
-        v[a] = v[a] + v[b] + (y);                                                                              \
-        v[d] = rotr(v[d] ^ v[a], 16);                                                                          \
-        v[c] = v[c] + v[d];                                                                                    \
-        v[b] = rotr(v[b] ^ v[c], 63);                                                                          \
-    } while (0)
-
-static void compress(uint64_t h[8], const unsigned char block[128], uint64_t counter, int last) {
-    uint64_t v[16], m[16];
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(m, block, sizeof m); /* the words are little-endian */
-#else
-    for (int i = 0; i < 16; i++) {
-        uint64_t word = 0;
-        for (int k = 7; k >= 0; k--)
-            word = word << 8 | block[8 * i + k];
-        m[i] = word;
-    }
+static inline uint64_t le64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
 #endif
-    for (int i = 0; i < 8; i++) {
-        v[i] = h[i];
-        v[i + 8] = IV[i];
-    }
-    v[12] ^= counter;
-    if (last)
-        v[14] = ~v[14];
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *s = SIGMA[r];
-        G(0, 4, 8, 12, m[s[0]], m[s[1]]);
-        G(1, 5, 9, 13, m[s[2]], m[s[3]]);
-        G(2, 6, 10, 14, m[s[4]], m[s[5]]);
-        G(3, 7, 11, 15, m[s[6]], m[s[7]]);
-        G(0, 5, 10, 15, m[s[8]], m[s[9]]);
-        G(1, 6, 11, 12, m[s[10]], m[s[11]]);
-        G(2, 7, 8, 13, m[s[12]], m[s[13]]);
-        G(3, 4, 9, 14, m[s[14]], m[s[15]]);
-    }
-    for (int i = 0; i < 8; i++)
-        h[i] ^= v[i] ^ v[i + 8];
+    return v;
 }
 
+static inline uint32_t le32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline uint64_t xxh_round(uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; }
+
+static inline uint64_t xxh_merge(uint64_t h, uint64_t acc) { return (h ^ xxh_round(0, acc)) * P1 + P4; }
+
 static uint64_t path_hash(const unsigned char *data, size_t len) {
-    uint64_t h[8];
-    memcpy(h, IV, sizeof h);
-    h[0] ^= 0x01010000ULL ^ 8; /* no key, 8-byte digest */
-    size_t done = 0;
-    while (len - done > 128) {
-        compress(h, data + done, done + 128, 0);
-        done += 128;
+    const unsigned char *p = data, *end = data + len;
+    uint64_t h;
+    if (len >= 32) {
+        uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = -P1;
+        for (; p + 32 <= end; p += 32) {
+            v1 = xxh_round(v1, le64(p));
+            v2 = xxh_round(v2, le64(p + 8));
+            v3 = xxh_round(v3, le64(p + 16));
+            v4 = xxh_round(v4, le64(p + 24));
+        }
+        h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+        h = xxh_merge(xxh_merge(xxh_merge(xxh_merge(h, v1), v2), v3), v4);
+    } else
+        h = P5;
+    h += (uint64_t)len;
+    for (; p + 8 <= end; p += 8)
+        h = rotl(h ^ xxh_round(0, le64(p)), 27) * P1 + P4;
+    if (p + 4 <= end) {
+        h = rotl(h ^ (uint64_t)le32(p) * P1, 23) * P2 + P3;
+        p += 4;
     }
-    unsigned char last[128] = {0};
-    memcpy(last, data + done, len - done);
-    compress(h, last, len, 1);
-    return h[0];
+    for (; p < end; p++)
+        h = rotl(h ^ *p * P5, 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    return h ^ (h >> 32);
 }
 
 /* Where a name's normal form (names.normalise) lies in it, when that is a slice: after leading

@@ -39,10 +39,11 @@ from shardfs.errors import ShardfsError
 from shardfs.formats.base import Kind
 from shardfs.index import member_columns
 from shardfs.index.member_columns import MemberColumns
+from shardfs.index.names import path_hashes
 from shardfs.index.shard_index import ShardIndex, SplitOnUse
 
-INDEX_VERSION = 4  # 4: sparse maps (3: flat file; 2: .npz with cls_member/cls_value)
-OLDER_FLAT = 3  # still read: a version 3 file has no sparse tables
+INDEX_VERSION = 5  # 5: XXH64 path hashes (4: sparse maps; 3: flat file; 2: .npz with cls_member/cls_value)
+OLDER_FLAT = (3, 4)  # still read: a version 3 file has no sparse tables; before 5, hashes were BLAKE2b
 NPZ_VERSION = 2  # the last .npz version, still read
 MAGIC = b"\x89SFSIDX\n"  # a high first byte and a newline: text-mode mangling shows
 _HEADER = struct.Struct("<8sIIIIQ")
@@ -130,11 +131,13 @@ def _read(f, size: int, columns: MemberColumns | None = None) -> ShardIndex:
     if head[:2] == b"PK":  # a zip: version 2
         from shardfs.index import index_npz  # older indexes only
 
-        return index_npz.load(head + f.read(), NPZ_VERSION)
+        index = index_npz.load(head + f.read(), NPZ_VERSION)
+        rehash(index)
+        return index
     if len(head) < _HEADER.size or head[:8] != MAGIC:
         raise ValueError("not a shardfs index")
     _, version, meta_len, crc, _, names_len = _HEADER.unpack(head)
-    if version not in (INDEX_VERSION, OLDER_FLAT):
+    if version != INDEX_VERSION and version not in OLDER_FLAT:
         raise OutdatedIndex(f"index version {version}, this shardfs writes {INDEX_VERSION}")
     body_len = size - _HEADER.size - names_len
     if body_len < meta_len:
@@ -149,8 +152,23 @@ def _read(f, size: int, columns: MemberColumns | None = None) -> ShardIndex:
     if zlib.crc32(names, zlib.crc32(body)) != crc:
         raise ValueError("damaged (its checksum does not match)")
     index = _parse(body, meta_len, names, columns)
-    index.legacy = version != INDEX_VERSION
+    if version != INDEX_VERSION:
+        rehash(index)
     return index
+
+
+def rehash(index: ShardIndex) -> None:
+    """An index from an older format: its path hashes computed again from its names (the hash
+    changed in version 5; the names are what it hashes, so the shard is not read again), and
+    marked to be written again in the current format (store.py)."""
+    ends = index.name_end.tolist()
+    names = index.names
+    hashes = path_hashes([names[a:b] for a, b in zip([0] + ends[:-1], ends)])
+    if index.hash.flags.writeable:  # (in place: it may be a slice of the mount's member columns)
+        index.hash[:] = hashes
+    else:
+        index.hash = hashes
+    index.legacy = True
 
 
 def sparse_tables(maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

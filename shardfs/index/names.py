@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+from xxhash import xxh64_intdigest
 
 from shardfs.errors import ShardfsError
 
@@ -55,14 +54,14 @@ def strip_climb(raw: bytes) -> tuple[bytes, bytes]:
 
 
 def path_hash(path: bytes) -> int:
-    """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``; _tarscan.c has it too)."""
-    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+    """Stable 64-bit hash of a member path (persisted, so not Python's ``hash``): XXH64, which
+    _tarscan.c computes too, for each name it scans."""
+    return xxh64_intdigest(path)
 
 
 def path_hashes(paths: list[bytes]) -> np.ndarray:
-    """path_hash of each, at once (a million names: a second less than one call each)."""
-    blake2b = hashlib.blake2b
-    return np.frombuffer(b"".join([blake2b(p, digest_size=8).digest() for p in paths]), "<u8").astype(np.uint64)
+    """path_hash of each, at once."""
+    return np.fromiter(map(xxh64_intdigest, paths), np.uint64, len(paths))
 
 
 def show(name: bytes) -> str:

@@ -255,10 +255,11 @@ def find_current(shard_path: str, index_dir: str | None = None, columns: Columns
 
 
 def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool = False,
-                  columns: Columns = Columns(), keep=None) -> tuple[ShardIndex, str]:
+                  columns: Columns = Columns(), keep=None, save: bool = True) -> tuple[ShardIndex, str]:
     """The shard's index and how it was obtained ("loaded", "built" or "built, not saved").
     ``rebuild``: build it without looking for a persisted one. ``columns``: see datafile.Columns.
-    ``keep``: see _built."""
+    ``keep``: see _built. ``save=False``: a local shard's index built here is returned unsaved
+    ("built, to be saved"): its caller saves it later (save_built)."""
     if is_url(shard_path):
         return load_or_build_remote(shard_path, index_dir, rebuild, columns, keep)
     if not rebuild:
@@ -268,9 +269,19 @@ def load_or_build(shard_path: str, index_dir: str | None = None, rebuild: bool =
     st = os.stat(shard_path)
     shard = LocalShard(shard_path, st.st_size, st.st_mtime_ns, sequential=True)
     try:
-        return _save_first(_built(shard, columns, keep), candidate_paths(shard_path, index_dir), shard_path)
+        index = _built(shard, columns, keep)
     finally:
         shard.close()
+    return save_built(index, shard_path, index_dir) if save else (index, TO_BE_SAVED)
+
+
+TO_BE_SAVED = "built, to be saved"
+
+
+def save_built(index: ShardIndex, shard_path: str, index_dir: str | None = None) -> tuple[ShardIndex, str]:
+    """Save a local shard's index built here where the next mount looks first (beside the shard, else
+    in the cache directory)."""
+    return _save_first(index, candidate_paths(shard_path, index_dir), shard_path)
 
 
 def received_describes(index: ShardIndex, shard_path: str, columns: Columns = Columns()) -> str | None:

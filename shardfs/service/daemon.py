@@ -207,7 +207,7 @@ class Daemon:
             view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
                                          progress=IndexProgress(self._index_progress),
                                          found=found, fetch_index=self.sharing.fetch if self.sharing else None,
-                                         keep=self.keeper.reading if self.keeper else None)
+                                         keep=self.keeper.reading if self.keeper else None, save_behind=True)
         view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:
@@ -265,6 +265,7 @@ class Daemon:
 
     def _make_filesystem(self, view: datasets.Dataset) -> None:
         """The operations over the view and caches, and the FUSE session at the mountpoint."""
+        from shardfs.fuse import table
         from shardfs.fuse.ops import ShardFS  # (libfuse, as above)
         from shardfs.fuse.server import Server
 
@@ -275,9 +276,10 @@ class Daemon:
         options = ["ro", "default_permissions", f"fsname={fsname}", "subtype=shardfs"]
         options += ["allow_other"] if opts.allow_other else []
         options += ["auto_unmount"] if opts.auto_unmount and self._can_auto_unmount() else []
+        first_table = self.saved_view.table(view, self.slots) if self.saved_view else table.build(view, self.slots)
+        view.settle()  # the indexes built are saved while the tree and its table are made
         try:
-            self.server = Server(self.fs, self.slots, self.mountpoint, options,
-                                 self.saved_view.table(view, self.slots) if self.saved_view else None)
+            self.server = Server(self.fs, self.slots, self.mountpoint, options, first_table)
         except OSError as exc:  # libfuse or fusermount3 said why just above
             raise UsageError(f"{exc}{_why_mounts_are_refused()}") from None
         _return_freed_memory()

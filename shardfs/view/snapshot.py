@@ -60,7 +60,7 @@ from shardfs.view.tree import Tree
 log = logging.getLogger(__name__)
 
 MAGIC = b"SHFSVIEW"
-VERSION = 1
+VERSION = 2  # 2: XXH64 path hashes (index version 5)
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, CRC-32 of the JSON, its length
 SUFFIX = ".shardfs-view"
 PIECE = 64 << 20  # bytes per CRC-32 (pieces are checked on two threads)
