@@ -69,9 +69,10 @@ setup(
         # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden",
                             "-Werror=implicit-function-declaration"],
-        # where glibc before 2.34 keeps dlopen (lowlevel.h binds it to its old symbol version); kept
-        # as needed also where the linker would drop it (newer glibc resolves dlopen in libc)
-        extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2"] if OLD_DLOPEN else [],
+        # where glibc before 2.34 keeps dlopen and pthread_create (lowlevel.h binds them to their old
+        # symbol versions); kept as needed also where the linker would drop them (newer glibc
+        # resolves them in libc)
+        extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0"] if OLD_DLOPEN else [],
         **ABI3,
     ), Extension(
         "shardfs.formats._tarscan",

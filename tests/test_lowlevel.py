@@ -134,6 +134,33 @@ def test_table_lookup_finds_names_that_share_long_prefixes(tmp_path):
             assert t.lookup(folder, absent) is None, absent
 
 
+def test_many_children_are_sorted_on_two_threads_as_on_one(tmp_path):
+    """70,000 files in 7 folders, from two shards so that each folder's children come unsorted:
+    enough that the table sorts them on two threads (each takes the folders of about half the
+    children). Every folder's children end in name order, and every file is found."""
+    rng = random.Random(7)
+    names = sorted({f"d{k}/{rng.getrandbits(48):012x}.bin".encode() for k in range(7) for _ in range(10_000)})
+    assert len(names) > 1 << 16  # table.c: SORT_TWO_THREADS_FROM
+    src = tmp_path / "src"
+    src.mkdir()
+    half = len(names) // 2
+    (src / "a.tar").write_bytes(archive(*(member(n, b"") for n in names[half:][::-1])))
+    (src / "b.tar").write_bytes(archive(*(member(n, b"") for n in names[:half][::-1])))
+    view = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
+    tree = view.tree
+    t, derived = table.build_keeping(view, table.Slots())
+    children, starts = derived["children"], derived["child_start"]
+    for d in range(tree.ndirs):
+        got = [tree.dirs[n].path if n < tree.ndirs else tree.name(int(n) - tree.ndirs)
+               for n in children[starts[d]:starts[d + 1]].tolist()]
+        got = [p.rpartition(b"/")[2] for p in got]
+        assert got == sorted(got), tree.dirs[d].path
+    assert sum(int(starts[d + 1] - starts[d]) for d in range(tree.ndirs)) == len(names) + 7
+    for n in names[::7]:
+        parent, _, base = n.rpartition(b"/")
+        assert t.lookup(inode_number(parent), base) == inode_number(n), n
+
+
 def test_paths_with_the_inode_number_of_another_are_left_out_of_the_table(tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()

@@ -22,10 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
-/* dlopen and its kin moved from libdl into libc in glibc 2.34 under a new symbol version; bound
- * to their first one (x86_64: GLIBC_2.2.5, which libc keeps, and setup.py links libdl.so.2, where
- * older glibc has them), the module loads on glibc 2.17 and newer, not only on 2.34 and newer. */
+/* dlopen and its kin moved from libdl into libc in glibc 2.34 under a new symbol version, and so
+ * did pthread_create and pthread_join from libpthread; bound to their first one (x86_64:
+ * GLIBC_2.2.5, which libc keeps, and setup.py links libdl.so.2 and libpthread.so.0, where older
+ * glibc has them), the module loads on glibc 2.17 and newer, not only on 2.34 and newer. */
 #if defined(__x86_64__) && defined(__GLIBC__)
+__asm__(".symver pthread_create,pthread_create@GLIBC_2.2.5");
+__asm__(".symver pthread_join,pthread_join@GLIBC_2.2.5");
 __asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
 __asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
 __asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");

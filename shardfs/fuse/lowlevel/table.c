@@ -74,10 +74,10 @@ static uint64_t key_at(const char *name, size_t len, size_t skip) {
     return key;
 }
 
-/* Each directory's children in name order; -1 if out of memory. Called without the GIL. */
-static int sort_children(Table *t, uint32_t ndirs) {
+/* The children of directories [first, end) in name order; -1 if out of memory. Without the GIL. */
+static int sort_children(Table *t, uint32_t first, uint32_t end) {
     uint32_t most = 0;
-    for (uint32_t d = 0; d < ndirs; d++)
+    for (uint32_t d = first; d < end; d++)
         if (t->child_start[d + 1] - t->child_start[d] > most)
             most = t->child_start[d + 1] - t->child_start[d];
     if (most < 2)
@@ -85,7 +85,7 @@ static int sort_children(Table *t, uint32_t ndirs) {
     Named *named = malloc(most * sizeof(Named));
     if (named == NULL)
         return -1;
-    for (uint32_t d = 0; d < ndirs; d++) {
+    for (uint32_t d = first; d < end; d++) {
         uint32_t lo = t->child_start[d], n = t->child_start[d + 1] - lo;
         if (n < 2)
             continue;
@@ -118,6 +118,40 @@ static int sort_children(Table *t, uint32_t ndirs) {
     }
     free(named);
     return 0;
+}
+
+typedef struct {
+    Table *t;
+    uint32_t first, end;
+    int result;
+} SortJob;
+
+static void *sort_job(void *arg) {
+    SortJob *job = arg;
+    job->result = sort_children(job->t, job->first, job->end);
+    return NULL;
+}
+
+enum { SORT_TWO_THREADS_FROM = 1 << 16 }; /* children: fewer are sorted in a blink on one */
+
+/* Every directory's children in name order, on two threads where there are many (each takes the
+ * directories holding about half of them: 0.3 s of a 4M-member first mount, which waits for it);
+ * -1 if out of memory. Without the GIL. */
+static int sort_all_children(Table *t, uint32_t ndirs) {
+    uint32_t total = t->child_start[ndirs], half = 0;
+    while (half < ndirs && t->child_start[half] < total / 2)
+        half++;
+    SortJob second = {t, half, ndirs, 0};
+    pthread_t other;
+    int two = total >= SORT_TWO_THREADS_FROM && half > 0 && half < ndirs &&
+              pthread_create(&other, NULL, sort_job, &second) == 0;
+    int result = sort_children(t, 0, two ? half : ndirs);
+    if (two) {
+        pthread_join(other, NULL);
+        if (second.result < 0)
+            result = -1;
+    }
+    return result;
 }
 
 /* The node of an inode number, or -1. */
@@ -351,7 +385,7 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
     int sorted = 0;
     Py_BEGIN_ALLOW_THREADS
     if (!children_sorted)
-        sorted = sort_children(t, ndirs);
+        sorted = sort_all_children(t, ndirs);
     Py_END_ALLOW_THREADS
     if (sorted < 0) {
         PyErr_NoMemory();
