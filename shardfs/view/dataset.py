@@ -368,7 +368,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
 class _SaveBehind:
     """The indexes built for a first view, saved on a thread of their own once the builds are done:
     the builds do not wait on creating files (at 4M members, 340 MB of index files in 2,000: ~2 s
-    of CPU, a third of it ext4's), and the writes use the core the merge leaves idle."""
+    of CPU, most of it the kernel's), and the writes use the core the merge leaves idle."""
 
     def __init__(self, built: list[tuple[str, shard_index.ShardIndex]], index_dir: str | None):
         self._todo = collections.deque(built)  # each index let go of once saved (the tree has its arrays)
