@@ -425,9 +425,10 @@ class Run:
         runs = []
         aside = os.path.join(self.work, "old-indexes")
         for i in range(self.a.repeat):
+            removed = 0
             if kind == "first":
                 self.sequential(i)
-            removed = old_indexes.set_aside(aside, self.shard_dir, self.index_dir) if kind == "first" else 0
+                removed = old_indexes.set_aside(aside, self.shard_dir, self.index_dir)
             others = self.before_timing()
             m = mount_timed(self.mounts, self.shard_dir, self.mnt, f"{kind}-{i}", self.index_dir, self.log_dir)
             m["others"] = others.done()
