@@ -93,7 +93,7 @@ def test_saved_view_restores_every_array(tmp_path):
     tree, other = view.tree, made.tree
     for name in tree.SAVED:
         assert np.array_equal(getattr(tree, name), getattr(other, name)), name
-    assert tree.names[:] == other.names and len(other.names) > 0
+    assert tree.names[:] == other.names[:] and len(other.names) > 0
     assert tree.dirs == other.dirs and tree.dir_id == other.dir_id and tree.subdirs == other.subdirs
     assert tree.symlinks == other.symlinks and len(other.symlinks) == 1
     assert list(tree.sparse) == list(other.sparse) and len(other.sparse) == 1

@@ -80,9 +80,9 @@ def test_a_remount_reads_the_members_into_the_trees_arrays_and_serves_the_same_t
     first = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
     again = dataset.open_dataset([str(src)], str(tmp_path / "ix"))
     assert (first.built, again.built) == (5, 0)
-    assert covered == [False, True]  # built indexes are concatenated; loaded ones were read in place
+    assert covered == [True]  # built indexes were merged as they came (TreeBuilder); loaded ones read in place
     a, b = first.tree, again.tree
-    assert a.names == b.names and a.problems == b.problems and [d.path for d in a.dirs] == [d.path for d in b.dirs]
+    assert a.names[:] == b.names[:] and a.problems == b.problems and [d.path for d in a.dirs] == [d.path for d in b.dirs]
     for name in ("name_end", "kind", "offset", "size", "mode", "mtime", "shard", "lookup_hash", "lookup_id",
                  "listing", "listing_start"):
         assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
@@ -102,3 +102,52 @@ def test_member_columns_take_nothing_that_does_not_fit():
     assert not cols.take(two) and cols.used == 2 and two["offset"].base is None
     wrong = {name: np.arange(1, dtype=np.int32) for name, _ in member_columns.COLUMNS}
     assert not cols.take(wrong) and cols.used == 2
+
+
+def _same_trees(a: tree.Tree, b: tree.Tree) -> None:
+    for name in tree.Tree.SAVED:
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert a.names[:] == b.names[:] and a.shard_names == b.shard_names and a.problems == b.problems
+    assert a.dirs == b.dirs and a.dir_id == b.dir_id and a.subdirs == b.subdirs
+    assert a.symlinks == b.symlinks and list(a.sparse) == list(b.sparse)
+    assert all(a.sparse[m].tolist() == b.sparse[m].tolist() for m in a.sparse)
+    assert (a.ndirs, a.nfiles, a.total_size, a.dir_nlink) == (b.ndirs, b.nfiles, b.total_size, b.dir_nlink)
+
+
+def test_a_tree_made_as_the_indexes_come_is_the_tree_merged_at_once(tmp_path):
+    """TreeBuilder (a first mount feeds it during the builds) against Tree over the same indexes:
+    duplicates, a file shadowed by a directory, an explicit directory's mode and mtime, a link, a
+    sparse member, a damaged shard's members before the damage, an empty shard, and enough
+    members that its arrays and names grow several times."""
+    from tarcraft import old_sparse_member
+
+    shards = [
+        archive(member(b"a/1.jpg", b"a1"), member(b"dup.txt", b"first"), member(b"d/", typeflag=b"5", mode=0o700),
+                member(b"a/link", typeflag=b"2", linkname=b"1.jpg")),
+        archive(member(b"a/2.jpg", b"a2"), member(b"dup.txt", b"second"), member(b"d", b"a file named like a dir"),
+                old_sparse_member(b"sp.bin", [(0, b"x" * 512), (4096, b"y" * 512)], 8192)),
+        archive(),
+        archive(*(member(b"many/%05d-%s.bin" % (i, b"n" * (i % 90)), b"%d" % i) for i in range(3000))),
+        archive(member(b"cut/1.bin", b"1" * 700), member(b"cut/2.bin", b"2" * 700))[:1536],  # cut in 2.bin's data
+    ]
+    paths = []
+    for i, data in enumerate(shards):
+        path = tmp_path / f"s{i}.tar"
+        path.write_bytes(data)
+        paths.append(str(path))
+    ixs = [index.build(p) for p in paths]
+    assert ixs[4].error and len(ixs[4]) == 1 and len(ixs[2]) == 0  # (what the shards are meant to hold)
+    names = [f"s{i}.tar" for i in range(len(ixs))]
+
+    builder = tree.TreeBuilder()
+    builder._members = tree._Members(members=2, name_bytes=16)  # grown from the first shard on
+    for ix in ixs:
+        builder.add(ix)
+    grown = builder.tree(names, default_mtime=1234.5)
+    at_once = tree.Tree(names, ixs, default_mtime=1234.5)
+    _same_trees(grown, at_once)
+    assert grown.dirs[grown.dir_id[b"d"]].mode == 0o700 and grown.dirs[grown.dir_id[b"many"]].mtime == 1234.5
+    assert grown.name(grown.member(grown.lookup(b"many/02999-" + b"n" * 29 + b".bin"))) == \
+        b"many/02999-" + b"n" * 29 + b".bin"
+    assert grown.shard[grown.member(grown.lookup(b"dup.txt"))] == 1 and grown.lookup(b"cut/1.bin")
+    assert any("a directory elsewhere" in p for p in grown.problems)

@@ -13,6 +13,7 @@ even when shards are added or removed.
 from __future__ import annotations
 
 import logging
+import mmap
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -70,18 +71,92 @@ class Columns:
     lookup_id: memoryview
 
 
+# The tree's member columns, shard after shard: the indexes' own (index_file.ARRAYS), with the name
+# ends and parent directories made the tree's, and each member's shard.
+MEMBER_COLUMNS = (("shard", np.uint32), ("name_end", np.int64), ("kind", np.uint8), ("offset", np.int64),
+                  ("size", np.int64), ("mode", np.uint16), ("mtime", np.float64), ("hash", np.uint64),
+                  ("parent", np.uint32))
+_COPIED = ("kind", "offset", "size", "mode", "mtime", "hash")
+
+
+class _Members:
+    """The members of the shards added so far, in arrays grown as shards come (to twice their
+    size), and their names, grown in place (mremap) and, once done, sliced as bytes like the
+    saved view's map of them. All are private anonymous maps: what was reserved and never
+    written is given back when done, also the part of a huge page past the last member (up to
+    2 MB a column, 2 B a member at 4M)."""
+
+    def __init__(self, members: int = 1 << 16, name_bytes: int = 1 << 22):
+        self.count = self.name_bytes = 0
+        self.columns: dict[str, np.ndarray] = {}
+        self._areas: dict[str, mmap.mmap] = {}  # the map each column lives in
+        for name, dtype in MEMBER_COLUMNS:
+            self._areas[name], self.columns[name] = _mapped(max(members, 1), dtype)
+        self.names = mmap.mmap(-1, max(name_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+    def append(self, ix: ShardIndex, shard: int, dir_ids: np.ndarray) -> None:
+        """``ix``'s members as shard number ``shard``, whose directories are ``dir_ids`` in the tree."""
+        n, name_bytes = len(ix), len(ix.names)
+        self._room(n, name_bytes)
+        at, end, columns = self.count, self.count + n, self.columns
+        columns["shard"][at:end] = shard
+        np.add(ix.name_end, self.name_bytes, out=columns["name_end"][at:end])
+        np.take(dir_ids, ix.parent, out=columns["parent"][at:end])
+        for name in _COPIED:
+            columns[name][at:end] = getattr(ix, name)
+        self.names[self.name_bytes:self.name_bytes + name_bytes] = ix.names
+        self.count, self.name_bytes = end, self.name_bytes + name_bytes
+
+    def _room(self, members: int, name_bytes: int) -> None:
+        capacity = len(self.columns["kind"])
+        if self.count + members > capacity:
+            capacity = max(2 * capacity, self.count + members)
+            for name, column in self.columns.items():
+                self._areas[name], grown = _mapped(capacity, column.dtype)
+                grown[:self.count] = column[:self.count]
+                self.columns[name] = grown
+        if self.name_bytes + name_bytes > len(self.names):
+            self.names.resize(max(2 * len(self.names), self.name_bytes + name_bytes))
+
+    def done(self) -> tuple[dict[str, np.ndarray], mmap.mmap | bytes]:
+        """(the columns, the names) as filled."""
+        for name, column in self.columns.items():
+            used = -(-self.count * column.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+            if used < column.nbytes:
+                self._areas[name].madvise(mmap.MADV_DONTNEED, used, column.nbytes - used)
+        self._areas.clear()
+        names, self.names = self.names, None
+        if self.name_bytes:
+            names.resize(self.name_bytes)
+        else:
+            names.close()
+            names = b""
+        return {name: column[:self.count] for name, column in self.columns.items()}, names
+
+
+def _mapped(count: int, dtype) -> tuple[mmap.mmap, np.ndarray]:
+    """(a private anonymous map, an array of ``count`` items in it), in huge pages where the kernel
+    has them (as numpy asks for its own large arrays)."""
+    area = mmap.mmap(-1, count * np.dtype(dtype).itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        area.madvise(mmap.MADV_HUGEPAGE)
+    return area, np.frombuffer(area, dtype)
+
+
 class Tree:
     def __init__(self, shard_names: list[str], indexes: list[ShardIndex], default_mtime: float = 0.0,
                  columns: MemberColumns | None = None):
         """``columns``: the arrays the indexes' member columns were read into (a remount), taken over
         as the tree's when they hold exactly these indexes' members in this order."""
-        self.shard_names = shard_names
-        self.problems: list[str] = []
-        self.dirs: list[Dir] = [Dir(b"", mtime=default_mtime)]
-        self.dir_id: dict[bytes, int] = {b"": 0}
-        self.subdirs: list[list[int]] = [[]]  # child directory ids
-        self._default_mtime = default_mtime
-        self._merge(indexes, columns if columns is not None and columns.covers(indexes) else None)
+        self._begin(shard_names, default_mtime)
+        if columns is not None and columns.covers(indexes):
+            hashes, parent = self._take_over(indexes, columns)
+        else:
+            members = _Members(sum(map(len, indexes)), sum(len(ix.names) for ix in indexes))
+            for ix in indexes:
+                self._append(members, ix)
+            hashes, parent = self._use(members)
+        self._finish(hashes, parent)
 
     # ---- saved and restored (view/snapshot.py) ---------------------------
 
@@ -154,49 +229,72 @@ class Tree:
             self.subdirs[parent].append(d)
         return d
 
-    def _dir_ids(self, dirs, known: dict) -> np.ndarray:
+    def _dir_ids(self, dirs) -> np.ndarray:
         """The tree's ids of a shard's directories. Most shards name the same directories in the same
         order (a thousand class folders each): found once per distinct list, not once per shard."""
         key = (len(dirs), dirs.blob if isinstance(dirs, SplitOnUse) else b"\0".join(dirs))
-        found = known.get(key)
+        found = self._known_dirs.get(key)
         if found is None:
             ids = list(map(self.dir_id.get, dirs))  # in C, for folders seen already
             if None in ids:
                 ids = [self._add_dir(d) for d in dirs]
-            found = known[key] = np.array(ids, dtype=np.uint32)
+            found = self._known_dirs[key] = np.array(ids, dtype=np.uint32)
         return found
 
-    def _merge(self, indexes: list[ShardIndex], columns: MemberColumns | None) -> None:
+    def _begin(self, shard_names: list[str], default_mtime: float) -> None:
+        self.shard_names = shard_names
+        self.problems: list[str] = []
+        self.dirs: list[Dir] = [Dir(b"")]
+        self.dir_id: dict[bytes, int] = {b"": 0}
+        self.subdirs: list[list[int]] = [[]]  # child directory ids
+        self._default_mtime = default_mtime
+        self._known_dirs: dict = {}
+        self._shards_in = 0
+        self.symlinks: dict[int, bytes] = {}
+        self.sparse: dict[int, np.ndarray] = {}  # member -> its runs (formats/sparse.py); few have one
+
+    def _append(self, members: _Members, ix: ShardIndex) -> None:
+        """The next shard's members, after the last ones."""
+        base = members.count
+        members.append(ix, self._shards_in, self._dir_ids(ix.dirs))
+        self._shards_in += 1
+        self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
+        self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
+
+    def _take_over(self, indexes: list[ShardIndex], columns: MemberColumns) -> tuple[np.ndarray, np.ndarray]:
+        """The tree's member columns made of the arrays the indexes' columns were read into (a
+        remount): each shard's name ends and directory numbers moved into the tree's for all shards
+        at once (numpy over all members, not a pass per shard). (The members' hashes, parents.)"""
         counts = [len(ix) for ix in indexes]
         self.shard = np.repeat(np.arange(len(indexes), dtype=np.uint32), counts)
         self.names = b"".join(ix.names for ix in indexes)
-        def cat(name: str, dtype) -> np.ndarray:
-            if columns is not None:  # the indexes' columns, one after another already
-                return columns.column(name)
-            return np.concatenate([getattr(ix, name) for ix in indexes]) if indexes else np.empty(0, dtype)
-        # Each shard's name ends and directory numbers are its own: moved into the tree's for all
-        # shards at once (numpy over all members, not a pass per shard).
-        known: dict = {}
-        dir_maps = [self._dir_ids(ix.dirs, known) for ix in indexes]
+        dir_maps = [self._dir_ids(ix.dirs) for ix in indexes]
         dir_base = np.cumsum([0] + [len(d) for d in dir_maps[:-1]], dtype=np.uint32)
-        parent = cat("parent", np.uint32) + np.repeat(dir_base, counts)
+        parent = columns.column("parent") + np.repeat(dir_base, counts)
         parent = np.concatenate(dir_maps)[parent] if len(parent) else parent
-        # (Changed in place when taken over: the indexes are not used after the merge.)
-        self.name_end = cat("name_end", np.int64)
+        self.name_end = columns.column("name_end")  # (changed in place: the indexes are not used after)
         self.name_end += np.repeat(np.cumsum([0] + [len(ix.names) for ix in indexes[:-1]], dtype=np.int64), counts)
+        for name in ("kind", "offset", "size", "mode", "mtime"):
+            setattr(self, name, columns.column(name))
+        base = 0
+        for ix in indexes:
+            self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
+            self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
+            base += len(ix)
+        return columns.column("hash"), parent
+
+    def _use(self, members: _Members) -> tuple[np.ndarray, np.ndarray]:
+        """The columns ``members`` were filled with become the tree's. (The members' hashes, parents.)"""
+        columns, self.names = members.done()
+        for name in ("shard", "name_end", "kind", "offset", "size", "mode", "mtime"):
+            setattr(self, name, columns[name])
+        return columns["hash"], columns["parent"]
+
+    def _finish(self, hashes: np.ndarray, parent: np.ndarray) -> None:
+        """Directories' attributes, lookups by path hash, conflicts, listings: what needs every shard."""
         self._name_ends = memoryview(self.name_end)  # plain ints for name(), as Columns below
-        self.kind = cat("kind", np.uint8)
-        self.offset = cat("offset", np.int64)
-        self.size = cat("size", np.int64)
-        self.mode = cat("mode", np.uint16)
-        self.mtime = cat("mtime", np.float64)
-        hashes = cat("hash", np.uint64)
-        self.symlinks: dict[int, bytes] = {}
-        self.sparse: dict[int, np.ndarray] = {}  # member -> its runs (formats/sparse.py); few have one
-        starts = np.cumsum([0] + counts)
-        for s, ix in enumerate(indexes):
-            self.symlinks.update({int(starts[s]) + i: t for i, t in ix.symlinks.items()})
-            self.sparse.update({int(starts[s]) + i: runs for i, runs in ix.sparse.items()})
+        for d in self.dirs:  # made before the newest shard's mtime was known (TreeBuilder)
+            d.mtime = self._default_mtime
 
         # Explicit directory members give their directory a mode and mtime.
         for m in np.flatnonzero(self.kind == Kind.DIR):
@@ -318,6 +416,28 @@ class Tree:
         d = node - 1
         files = self.listing[self.listing_start[d] : self.listing_start[d + 1]]
         return self.subdirs[d], files
+
+
+class TreeBuilder:
+    """A tree made shard by shard as their indexes come, in the tree's order (a first mount feeds
+    it while later shards are still being indexed): what is left for ``tree`` is what needs every
+    shard (the sorts by hash and by directory, the conflicts). Measured at 4,000,000 members in
+    2,000 shards: 0.6 s after the last build, where merging all the indexes then took 0.9-1.4 s."""
+
+    def __init__(self):
+        self._tree = Tree.__new__(Tree)
+        self._tree._begin([], 0.0)
+        self._members = _Members()
+
+    def add(self, ix: ShardIndex) -> None:
+        self._tree._append(self._members, ix)
+
+    def tree(self, shard_names: list[str], default_mtime: float = 0.0) -> Tree:
+        """The tree of the indexes added, shard ``i`` named ``shard_names[i]``."""
+        tree, self._tree = self._tree, None
+        tree.shard_names, tree._default_mtime = shard_names, default_mtime
+        tree._finish(*tree._use(self._members))
+        return tree
 
 
 def _split(blob: bytes, ends: np.ndarray) -> list[bytes]:
