@@ -149,14 +149,8 @@ class Tree:
         """``columns``: the arrays the indexes' member columns were read into (a remount), taken over
         as the tree's when they hold exactly these indexes' members in this order."""
         self._begin(shard_names, default_mtime)
-        if columns is not None and columns.covers(indexes):
-            hashes, parent = self._take_over(indexes, columns)
-        else:
-            members = _Members(sum(map(len, indexes)), sum(len(ix.names) for ix in indexes))
-            for ix in indexes:
-                self._append(members, ix)
-            hashes, parent = self._use(members)
-        self._finish(hashes, parent)
+        taken = columns is not None and columns.covers(indexes)
+        self._finish(*self._gather(indexes, columns.column if taken else None))
 
     # ---- saved and restored (view/snapshot.py) ---------------------------
 
@@ -261,27 +255,34 @@ class Tree:
         self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
         self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
 
-    def _take_over(self, indexes: list[ShardIndex], columns: MemberColumns) -> tuple[np.ndarray, np.ndarray]:
-        """The tree's member columns made of the arrays the indexes' columns were read into (a
-        remount): each shard's name ends and directory numbers moved into the tree's for all shards
-        at once (numpy over all members, not a pass per shard). (The members' hashes, parents.)"""
+    def _gather(self, indexes: list[ShardIndex], column=None) -> tuple[np.ndarray, np.ndarray]:
+        """The tree's member columns from all the indexes at once: each shard's name ends and
+        folder numbers moved into the tree's for all shards together (numpy over all members, not a
+        pass per shard). ``column(name)``: the indexes' columns one after another already (a
+        remount's MemberColumns, taken over), else they are concatenated. (The members' hashes,
+        parents.)"""
+        def cat(name: str, dtype) -> np.ndarray:
+            if column is not None:
+                return column(name)
+            return np.concatenate([getattr(ix, name) for ix in indexes]) if indexes else np.empty(0, dtype)
         counts = [len(ix) for ix in indexes]
         self.shard = np.repeat(np.arange(len(indexes), dtype=np.uint32), counts)
         self.names = b"".join(ix.names for ix in indexes)
         dir_maps = [self._dir_ids(ix.dirs) for ix in indexes]
         dir_base = np.cumsum([0] + [len(d) for d in dir_maps[:-1]], dtype=np.uint32)
-        parent = columns.column("parent") + np.repeat(dir_base, counts)
+        parent = cat("parent", np.uint32) + np.repeat(dir_base, counts)
         parent = np.concatenate(dir_maps)[parent] if len(parent) else parent
-        self.name_end = columns.column("name_end")  # (changed in place: the indexes are not used after)
+        self.name_end = cat("name_end", np.int64)  # (changed in place when taken over: the indexes are not used after)
         self.name_end += np.repeat(np.cumsum([0] + [len(ix.names) for ix in indexes[:-1]], dtype=np.int64), counts)
-        for name in ("kind", "offset", "size", "mode", "mtime"):
-            setattr(self, name, columns.column(name))
+        for name, dtype in (("kind", np.uint8), ("offset", np.int64), ("size", np.int64), ("mode", np.uint16),
+                            ("mtime", np.float64)):
+            setattr(self, name, cat(name, dtype))
         base = 0
         for ix in indexes:
             self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
             self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
             base += len(ix)
-        return columns.column("hash"), parent
+        return cat("hash", np.uint64), parent
 
     def _use(self, members: _Members) -> tuple[np.ndarray, np.ndarray]:
         """The columns ``members`` were filled with become the tree's. (The members' hashes, parents.)"""
