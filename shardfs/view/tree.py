@@ -21,6 +21,7 @@ import numpy as np
 
 from shardfs.index import index_file, names
 from shardfs.formats.base import Kind
+from shardfs.index import member_columns
 from shardfs.index.member_columns import MemberColumns
 from shardfs.index.shard_index import ShardIndex, SplitOnUse, path_hash
 
@@ -71,12 +72,10 @@ class Columns:
     lookup_id: memoryview
 
 
-# The tree's member columns, shard after shard: the indexes' own (index_file.ARRAYS), with the name
-# ends and parent directories made the tree's, and each member's shard.
-MEMBER_COLUMNS = (("shard", np.uint32), ("name_end", np.int64), ("kind", np.uint8), ("offset", np.int64),
-                  ("size", np.int64), ("mode", np.uint16), ("mtime", np.float64), ("hash", np.uint64),
-                  ("parent", np.uint32))
-_COPIED = ("kind", "offset", "size", "mode", "mtime", "hash")
+# The tree's member columns, shard after shard: each member's shard, and the indexes' own columns
+# (their name ends and parents made the tree's, the others copied as they are).
+_COLUMNS = (("shard", np.uint32), *member_columns.COLUMNS)
+_COPIED = tuple(name for name, _ in member_columns.COLUMNS if name not in ("name_end", "parent"))
 
 
 class _Members:
@@ -90,7 +89,7 @@ class _Members:
         self.count = self.name_bytes = 0
         self.columns: dict[str, np.ndarray] = {}
         self._areas: dict[str, mmap.mmap] = {}  # the map each column lives in
-        for name, dtype in MEMBER_COLUMNS:
+        for name, dtype in _COLUMNS:
             self._areas[name], self.columns[name] = _mapped(max(members, 1), dtype)
         self.names = mmap.mmap(-1, max(name_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
@@ -252,6 +251,10 @@ class Tree:
         base = members.count
         members.append(ix, self._shards_in, self._dir_ids(ix.dirs))
         self._shards_in += 1
+        self._add_links_and_maps(ix, base)
+
+    def _add_links_and_maps(self, ix: ShardIndex, base: int) -> None:
+        """A shard's links and sparse maps, its members numbered from ``base`` in the tree."""
         self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
         self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
 
@@ -277,11 +280,8 @@ class Tree:
         for name, dtype in (("kind", np.uint8), ("offset", np.int64), ("size", np.int64), ("mode", np.uint16),
                             ("mtime", np.float64)):
             setattr(self, name, cat(name, dtype))
-        base = 0
-        for ix in indexes:
-            self.symlinks.update({base + i: t for i, t in ix.symlinks.items()})
-            self.sparse.update({base + i: runs for i, runs in ix.sparse.items()})
-            base += len(ix)
+        for base, ix in zip(np.cumsum([0] + counts).tolist(), indexes):
+            self._add_links_and_maps(ix, base)
         return cat("hash", np.uint64), parent
 
     def _use(self, members: _Members) -> tuple[np.ndarray, np.ndarray]:
