@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# Set up a fresh Debian machine (as root) for shardfs: FUSE, the package, test and demo extras.
+# Set up a fresh Debian or Ubuntu machine (as root) for shardfs: FUSE and the build tools from apt,
+# then the package with its test, demo and docs extras in a virtual environment of the checkout
+# (.venv/, or $SHARDFS_VENV), never in the interpreter the system or another program owns (PEP 668:
+# the distribution's python3 refuses pip installs). Afterwards: .venv/bin/python tools/demo.py,
+# .venv/bin/python -m pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VENV=${SHARDFS_VENV:-$PWD/.venv}
+PYTHON=${PYTHON:-python3}
 
 export DEBIAN_FRONTEND=noninteractive
+apt_updated=""
+apt_install() {
+    [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
+have_headers() { "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null; }
 if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
-    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null; then
-    apt-get update -qq
+    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null || ! command -v unsquashfs >/dev/null \
+    || ! have_headers; then
     # fuse3/libfuse3-3: the mount (the compiled loop binds libfuse3.so.3 when it starts: no
-    # libfuse3-dev or pkg-config needed); gcc/python3-dev: pip builds the compiled request loop
+    # libfuse3-dev or pkg-config needed); gcc/libc6-dev/python3-dev: pip builds the compiled request loop
     # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
-    apt-get install -y -qq fuse3 libfuse3-3 gcc python3-dev tar attr squashfuse squashfs-tools nginx libarchive-tools >/dev/null
+    apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
+        libarchive-tools ca-certificates
 fi
-
-PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore"
+# The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    apt_install python3-venv
+fi
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP="$PY -m pip install -q --disable-pip-version-check"
+$PIP --upgrade "pip>=23"
 # torchvision wheels are built against the matching CUDA torch (runs on CPU); pin the pair.
-if ! python3 -c "import torch, torchvision" 2>/dev/null; then
+if ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
     $PIP "torch==2.14.0" "torchvision==0.29.2"
 fi
 # A checkout built before the wheel went abi3 may hold version-tagged modules, which Python would
@@ -29,12 +51,12 @@ $PIP -e ".[test,torch,remote,bench,formats]"
 # the documentation site's generator, pinned (.ci/run builds the site: mkdocs build --strict)
 $PIP -r docs/requirements.txt
 
-# mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the commands
-# reachable there, so fstab entries (type fuse.shardfs or shardfs) work.
-scripts=$(python3 -c "import sysconfig; print(sysconfig.get_path('scripts'))")
+# mount(8) runs helpers with a fixed PATH (/usr/local/bin among it): make the venv's commands
+# reachable there, so fstab entries (type fuse.shardfs or shardfs) and the systemd unit work. A link
+# left by an earlier setup (another checkout's venv) is replaced; a real file someone installed is not.
 for cmd in shardfs mount.shardfs; do
-    if [ "$scripts" != /usr/local/bin ] && [ ! -e "/usr/local/bin/$cmd" ]; then
-        ln -s "$scripts/$cmd" "/usr/local/bin/$cmd"
+    if [ -L "/usr/local/bin/$cmd" ] || [ ! -e "/usr/local/bin/$cmd" ]; then
+        ln -sfn "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
     fi
 done
 # slurmctld/slurmd/slurm-client/munge: the Slurm tests start a private single-node cluster;
@@ -45,12 +67,12 @@ if ! command -v slurmd >/dev/null || ! command -v munged >/dev/null || ! command
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && made_policy=1
     fi
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge prometheus-node-exporter >/dev/null
+    apt_install slurmctld slurmd slurm-client munge prometheus-node-exporter
     [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
     # and not at boot either (the packages enable their units)
     systemctl disable --quiet slurmctld.service slurmd.service munge.service prometheus-node-exporter.service || true
 fi
 if ! command -v systemd-analyze >/dev/null; then
-    apt-get install -y -qq systemd >/dev/null  # for the unit's verification test
+    apt_install systemd  # for the unit's verification test
 fi
+echo "shardfs set up in $VENV: $VENV/bin/python tools/demo.py, $VENV/bin/python -m pytest"
