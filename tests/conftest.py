@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 
@@ -16,6 +17,12 @@ from benchlib.cli import shardfs
 from benchlib.mounts import Mounted, mount_stats
 
 shardfs_cmd = functools.partial(shardfs, timeout=300)
+
+# The suite runs from the venv tools/setup.sh makes (.venv/bin/python -m pytest), not activated: its
+# commands (python3, shardfs, ...) come first on PATH for every process a test starts, as they would
+# in an activated venv, so a job script's `python3` is the one with the packages.
+if sys.prefix != sys.base_prefix:
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 
 def fuse_available() -> bool:

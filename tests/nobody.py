@@ -2,7 +2,8 @@
 
 Inside a private mount namespace (unshare -m), so nothing on the machine changes: there, /root is
 replaced by a world-readable tmpfs holding only the Python installation (the default interpreter
-lives under /root, which is 0700), and /dev/fuse by a 0666 node of the same device.
+lives under /root, which is 0700), and /dev/fuse by a node of the same device with the mode the
+test asks for (the host's own may be 0600 or 0666).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Iterator
 from benchlib import sample
 
 NOBODY = 65534
-PYTHON = os.path.realpath(sys.executable)
+# The interpreter as the suite runs it (a venv's bin/python: its packages come with it); the
+# installation it links to may live under /root (pyenv), which run() makes readable.
+PYTHON = sys.executable
 can_run = os.getuid() == 0 and all(shutil.which(t) for t in ("unshare", "runuser", "fusermount3"))
 why_not = "needs root, unshare, runuser and fusermount3"
 
@@ -57,17 +60,19 @@ def share(top: str) -> None:
                 os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
 
 
-def run(top: str, script: str, args: list[str], fuse_for_all: bool = True, env: dict | None = None) -> dict:
-    """``python script args`` as nobody; returns the JSON object its last output line holds."""
-    pyenv = PYTHON.split("/versions/")[0] if "/.pyenv/" in PYTHON else None
+def run(top: str, script: str, args: list[str], dev_fuse_mode: int = 0o666, env: dict | None = None) -> dict:
+    """``python script args`` as nobody; returns the JSON object its last output line holds. Its
+    /dev/fuse is a node of the namespace's own with ``dev_fuse_mode`` (0666 as udev makes it on most
+    nodes, 0600 for a node whose admin closed it), whatever the host's is."""
+    base = os.path.realpath(PYTHON)
+    pyenv = base.split("/versions/")[0] if "/.pyenv/" in base else None
     setup = [f"mkdir -p {top}/ns"]
-    if pyenv and PYTHON.startswith("/root/"):
+    if pyenv and base.startswith("/root/"):
         setup += [f"mkdir -p {top}/ns/pyenv", f"mount --bind {pyenv} {top}/ns/pyenv",
                   "mount -t tmpfs -o mode=755 tmpfs /root", f"mkdir -p {pyenv}",
                   f"mount --bind {top}/ns/pyenv {pyenv}"]
-    if fuse_for_all:
-        setup += [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}", f"chmod 666 {top}/ns/fuse",
-                  f"mount --bind {top}/ns/fuse /dev/fuse"]
+    setup += [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}",
+              f"chmod {dev_fuse_mode:o} {top}/ns/fuse", f"mount --bind {top}/ns/fuse /dev/fuse"]
     variables = {"HOME": f"{top}/home", "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
     command = ["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in variables.items()), PYTHON, script,
                *args]

@@ -39,7 +39,7 @@ from benchlib.cli import REPO
 from conftest import wait_for
 from shardfs.service.mount import process_alive
 
-PYTHON = os.path.realpath(sys.executable)
+PYTHON = sys.executable  # the suite's interpreter (a venv's bin/python), as in nobody.py
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "sinfo")
 SLURMD_PORT, SLURMCTLD_PORT = 6818, 6817  # in namespaces of our own: nothing else listens there
 
@@ -307,8 +307,9 @@ class SlurmCluster:
         ns = os.path.join(self.dir, "ns")
         os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
         setup = [f"hostname {node.name}"] if self.net else []
-        if "/.pyenv/" in PYTHON and PYTHON.startswith("/root/"):
-            pyenv = PYTHON.split("/versions/")[0]
+        base = os.path.realpath(PYTHON)
+        if "/.pyenv/" in base and base.startswith("/root/"):
+            pyenv = base.split("/versions/")[0]
             setup += [f"mkdir -p {ns}/pyenv", f"mount --bind {pyenv} {ns}/pyenv",
                       "mount -t tmpfs -o mode=755 tmpfs /root", f"mkdir -p {pyenv}",
                       f"mount --bind {ns}/pyenv {pyenv}"]

