@@ -28,8 +28,8 @@ or dropped the page cache during it. A chart of the read passes goes to --chart.
 
 Run as root (drop_caches and the kernel squashfs mount need it):
 
-    python3 tools/bench.py --images 2000 --epochs 1        # quick look (~5 min)
-    python3 tools/bench.py --json /tmp/bench.json          # default size (~20k images, 2.2 GB; ~1 h)
+    .venv/bin/python tools/bench.py --images 2000 --epochs 1        # quick look (~5 min)
+    .venv/bin/python tools/bench.py --json /tmp/bench.json          # default size (~20k images, 2.2 GB; ~1 h)
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ cold reads >= 0.8x the sequential bound. Ratios are taken within a round; median
 
 Run as root (loop device, blkio cgroup, drop_caches):
 
-    python3 tools/bench_datafiles.py --rounds 3
+    .venv/bin/python tools/bench_datafiles.py --rounds 3
 """
 
 from __future__ import annotations

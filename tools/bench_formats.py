@@ -22,8 +22,8 @@ Three parts, every timed figure the median of --repeat runs, all through the rea
 
 Run as root (the page cache is dropped before cold figures and mount timings)::
 
-    python3 tools/bench_formats.py --json /tmp/bench-formats.json   # ~9 min on 2 cores (~5 with the 1M pack cached)
-    python3 tools/bench_formats.py --skip-1m --npy-files 200 --jpeg-src /nonexistent \\
+    .venv/bin/python tools/bench_formats.py --json /tmp/bench-formats.json   # ~9 min on 2 cores (~5 with the 1M pack cached)
+    .venv/bin/python tools/bench_formats.py --skip-1m --npy-files 200 --jpeg-src /nonexistent \\
         --jpeg-per-class 5 --repeat 1 --workdir /tmp/bf-small             # a quick look
 
 Mounts are always undone (``shardfs umount``, then ``fusermount3 -u -z``), also on SIGTERM /

@@ -23,8 +23,8 @@ Two kinds of storage:
                  shards (bench_dataset.on_capped_storage, made once and reused); this process and
                  the commands it runs are in the capped group
 
-    python3 tools/bench_index.py --shards /tmp/ix400k/shards --rounds 3
-    python3 tools/bench_index.py --capped --dataset-size 220M --rounds 3
+    .venv/bin/python tools/bench_index.py --shards /tmp/ix400k/shards --rounds 3
+    .venv/bin/python tools/bench_index.py --capped --dataset-size 220M --rounds 3
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ SHARDFS_READDIRPLUS=0 (plain READDIR: no inode per entry; a file opened later co
 
 Uses bench_scale's dataset (the tar shards with their indexes, and its plain tree)::
 
-    python3 tools/bench_listing.py --files 4000000 --shards 2000 --rounds 3
+    .venv/bin/python tools/bench_listing.py --files 4000000 --shards 2000 --rounds 3
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ next to what the daemons say (`peers.storage_bytes_read`). Figures are medians [
 
 Run as root (loop device, cgroup, drop_caches):
 
-    python3 tools/bench_peers.py --dataset-size 128M --rounds 1   # smoke, a few minutes
-    python3 tools/bench_peers.py --rounds 2                       # 256M dataset, ~40 min here
-    python3 tools/bench_peers.py --dataset-size 220M --shards 8 --ram-share 0.4 --rounds 1   # ~12 min
+    .venv/bin/python tools/bench_peers.py --dataset-size 128M --rounds 1   # smoke, a few minutes
+    .venv/bin/python tools/bench_peers.py --rounds 2                       # 256M dataset, ~40 min here
+    .venv/bin/python tools/bench_peers.py --dataset-size 220M --shards 8 --ram-share 0.4 --rounds 1   # ~12 min
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ afresh (index already cached, RAM cache empty) and reads every file through the 
 Prints MB/s (shard bytes / wall time), median of --runs runs, and the ratio to local disk
 measured in the same run.
 
-    python3 tools/bench_remote.py [--shards 12] [--shard-mb 25] [--runs 3] [--work DIR]
+    .venv/bin/python tools/bench_remote.py [--shards 12] [--shard-mb 25] [--runs 3] [--work DIR]
 
 Needs the remote extra, moto[server] and nginx (tools/setup.sh installs them). Every server
 and mount it starts is stopped (by pid) and unmounted on the way out, Ctrl-C included.

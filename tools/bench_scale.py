@@ -30,10 +30,10 @@ directory and as a squashfs image of it, then measures through the real CLI:
 Prints the tables (medians [min-max] and ratios to plain) and issue 13's targets with PASS/FAIL.
 Run as root so the page cache can be dropped::
 
-    python3 tools/bench_scale.py --shards 1000   # 1,000,000 files in 1,000 shards (~30 min on 2 cores
+    .venv/bin/python tools/bench_scale.py --shards 1000   # 1,000,000 files in 1,000 shards (~30 min on 2 cores
                                                  # once the dataset exists; its generation takes longer)
-    python3 tools/bench_scale.py --files 20000 --shards 20 --sample 5000 --repeat 1 --workdir /tmp/bs-small
-    python3 tools/bench_scale.py --files 4000000 --shards 2000 --skip-reads  # mounts and memory only (no
+    .venv/bin/python tools/bench_scale.py --files 20000 --shards 20 --sample 5000 --repeat 1 --workdir /tmp/bs-small
+    .venv/bin/python tools/bench_scale.py --files 4000000 --shards 2000 --skip-reads  # mounts and memory only (no
                                                  # plain tree: 4.5 GB of tar, written in ~3 min)
 
 The dataset stays in --workdir (default /tmp/shardfs-bench-scale: ~1.2 GB of tar + 1M small files

@@ -40,10 +40,10 @@ same round; it prints the ratio for each cell.
 
 Run as root (loop devices, cgroups and drop_caches need it):
 
-    python3 tools/bench_tier.py --dataset-size 600M --cache-size 150M   # smoke, ~10 min
-    python3 tools/bench_tier.py                                         # 2G dataset, 400M budget
-    python3 tools/bench_tier.py --dataset-size 220M --sweep --rounds 3  # shapes: 8-128 shards, budgets 1/8-1/2
-    python3 tools/bench_tier.py --dataset-size 300M --cache-size 75M --unindexed  # first mount builds, ~8 min
+    .venv/bin/python tools/bench_tier.py --dataset-size 600M --cache-size 150M   # smoke, ~10 min
+    .venv/bin/python tools/bench_tier.py                                         # 2G dataset, 400M budget
+    .venv/bin/python tools/bench_tier.py --dataset-size 220M --sweep --rounds 3  # shapes: 8-128 shards, budgets 1/8-1/2
+    .venv/bin/python tools/bench_tier.py --dataset-size 300M --cache-size 75M --unindexed  # first mount builds, ~8 min
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Each figure is the median of --rounds rounds (spread: min-max of the round media
 * ``readers``: cached reads (page cache dropped with ``drop_caches 1``, shards in RAM) by 1 and 2
   reader processes, files/s, and the ratio.
 
-    python3 tools/perfile.py                      # 20,000 files of 300-600 B in 200 folders
-    python3 tools/perfile.py --size 110000 --files 4000
+    .venv/bin/python tools/perfile.py                      # 20,000 files of 300-600 B in 200 folders
+    .venv/bin/python tools/perfile.py --size 110000 --files 4000
 """
 
 from __future__ import annotations

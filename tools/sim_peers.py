@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Simulate shard owners among many peers with shardfs's own placement (storage/peers/owner.py).
 
-    python3 tools/sim_peers.py --nodes 1000 --shards 12810 [--lose 0.01,0.1] [--ram 1,1.5,2] [--json]
-    python3 tools/sim_peers.py --table          # 16, 256, 1,000, 10,000 nodes x 1,281 and 12,810 shards
+    .venv/bin/python tools/sim_peers.py --nodes 1000 --shards 12810 [--lose 0.01,0.1] [--ram 1,1.5,2] [--json]
+    .venv/bin/python tools/sim_peers.py --table          # 16, 256, 1,000, 10,000 nodes x 1,281 and 12,810 shards
 
 For N nodes (named like cluster addresses) and S shards of equal size (``--spread`` gives them
 sizes varying by that fraction), it prints:

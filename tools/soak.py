@@ -6,7 +6,7 @@ Each request is a ``getxattr`` of a file's shard offset: the kernel never caches
 reaches the daemon and runs the Python side of a request. A burst is ``--width`` threads (spread over
 ``--procs`` processes, so the client's GIL does not narrow it) each sending ``--per-thread`` requests.
 
-    python3 tools/soak.py MOUNTPOINT --requests 1000000      # prints one line per sample, then a summary
+    .venv/bin/python tools/soak.py MOUNTPOINT --requests 1000000      # prints one line per sample, then a summary
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Stress a mount: many reader processes, a dataset larger than the cache budget, every byte checked.
 
-    python3 tools/stress.py --readers 8 --seconds 300            # the long run (minutes)
-    python3 tools/stress.py --readers 4 --seconds 15 --files 300  # what the default tests run
+    .venv/bin/python tools/stress.py --readers 8 --seconds 300            # the long run (minutes)
+    .venv/bin/python tools/stress.py --readers 4 --seconds 15 --files 300  # what the default tests run
 
 Readers pick random files (and random ranges of them), hash what they read and compare with
 the digests recorded when the shards were made, and drop the file's pages after each read
