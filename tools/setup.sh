@@ -78,7 +78,8 @@ if ! command -v slurmd >/dev/null || ! command -v munged >/dev/null || ! command
     apt_install slurmctld slurmd slurm-client munge prometheus-node-exporter
     [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
     # and not at boot either (the packages enable their units)
-    systemctl disable --quiet slurmctld.service slurmd.service munge.service prometheus-node-exporter.service || true
+    ! command -v systemctl >/dev/null \
+        || systemctl disable --quiet slurmctld.service slurmd.service munge.service prometheus-node-exporter.service || true
 fi
 if ! command -v systemd-analyze >/dev/null; then
     apt_install systemd  # for the unit's verification test
