@@ -57,8 +57,9 @@ def share(top: str) -> None:
                 os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
 
 
-def run(top: str, script: str, args: list[str], fuse_for_all: bool = True, env: dict | None = None) -> dict:
-    """``python script args`` as nobody; returns the JSON object its last output line holds."""
+def namespace_setup(top: str, fuse_for_all: bool = True) -> list[str]:
+    """Shell commands, run as root in a private mount namespace, that let nobody run Python there
+    (and, with ``fuse_for_all``, open /dev/fuse); ``top/ns`` holds what they need."""
     pyenv = PYTHON.split("/versions/")[0] if "/.pyenv/" in PYTHON else None
     setup = [f"mkdir -p {top}/ns"]
     if pyenv and PYTHON.startswith("/root/"):
@@ -68,11 +69,20 @@ def run(top: str, script: str, args: list[str], fuse_for_all: bool = True, env: 
     if fuse_for_all:
         setup += [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}", f"chmod 666 {top}/ns/fuse",
                   f"mount --bind {top}/ns/fuse /dev/fuse"]
+    return setup
+
+
+def as_nobody(top: str, argv: list[str], env: dict | None = None) -> list[str]:
+    """``argv`` run as nobody, with HOME in ``top`` and the plain system PATH (plus ``env``)."""
     variables = {"HOME": f"{top}/home", "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
-    command = ["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in variables.items()), PYTHON, script,
-               *args]
+    return ["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in variables.items()), *argv]
+
+
+def run(top: str, script: str, args: list[str], fuse_for_all: bool = True, env: dict | None = None) -> dict:
+    """``python script args`` as nobody; returns the JSON object its last output line holds."""
+    command = as_nobody(top, [PYTHON, script, *args], env)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
-                           " && ".join(setup + [shlex.join(command)])],
+                           " && ".join(namespace_setup(top, fuse_for_all) + [shlex.join(command)])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
