@@ -141,6 +141,7 @@ CASES = [
     Case("run {shards} -m {file} -- true", "not a directory"),
     Case("run {shards} {locked}/mnt -- true", "{locked}/mnt: Permission denied", users=ME),
     Case("run {shards} /proc/shardfs-mnt -- true", "/proc/shardfs-mnt"),
+    Case("run {shards} {ro}/mnt -- true", "Read-only file system"),
     Case("run {missing} {new} -- true", "no such file or directory"),
     # umount, status, stats
     Case("umount {mnt}", "not mounted"),
@@ -178,6 +179,7 @@ CASES = [
     Case("pack {src} {ro}/out", "Read-only file system"),
     Case("pack {src} /proc/out", "/proc/out"),
     Case("pack {src} {full}/out", "No space left on device", status=1),
+    Case("pack {src} {full}/out --format lz4", "No space left on device", status=1),
     Case("pack {src} {new} --shard-size 0", "shard size"),
     Case("pack {src} {new} --shard-size 50%", "--shard-size"),
     Case("pack {src} {new} --shard-members 0", "--shard-members"),
