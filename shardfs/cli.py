@@ -412,14 +412,16 @@ def _at_least(low: int | float, kind=int):
     return parse
 
 
-def _folder_to_write(path: str) -> str:
-    """An argparse type: a folder files can be made in (created as needed)."""
-    from shardfs.storage.placement import unwritable_folder
+def _folder(read_only_ok: bool = False):
+    """An argparse type: a folder files can be made in (created as needed); see unusable_folder."""
+    def check(path: str) -> str:
+        from shardfs.storage.placement import unusable_folder
 
-    why = unwritable_folder(path)
-    if why:
-        raise argparse.ArgumentTypeError(why)
-    return path
+        why = unusable_folder(path, read_only_ok)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return path
+    return check
 
 
 def _positive_seconds(text: str) -> float:
@@ -543,7 +545,7 @@ def _add_umount(add) -> None:
 def _add_index(add) -> None:
     p = add("index", parents=[_remote_options()], help="build shard indexes ahead of time")
     p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("--index-dir", type=_folder_to_write)
+    p.add_argument("--index-dir", type=_folder())
     p.add_argument("--workers", type=_at_least(1),
                    help="indexes built at once (tar shards: three threads each; default: the cores)")
     p.add_argument("--rebuild", action="store_true", help="rebuild even if current")
@@ -615,7 +617,7 @@ def _add_ls(add) -> None:
                                                   "`shardfs ls SRC PATH` also works when PATH is no file on disk")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
-    p.add_argument("--index-dir", type=_folder_to_write)
+    p.add_argument("--index-dir", type=_folder(read_only_ok=True))
     layout_options(p)
     p.set_defaults(func=cmd_ls)
 

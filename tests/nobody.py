@@ -80,7 +80,7 @@ def as_nobody(top: str, argv: list[str], env: dict | None = None) -> list[str]:
 
 def run(top: str, script: str, args: list[str], fuse_for_all: bool = True, env: dict | None = None) -> dict:
     """``python script args`` as nobody; returns the JSON object its last output line holds."""
-    command = as_nobody(top, [PYTHON, script, *args], env)
+    command = as_nobody(top, [sys.executable, script, *args], env)  # the venv's (its packages), not the one it is made from
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
                            " && ".join(namespace_setup(top, fuse_for_all) + [shlex.join(command)])],
                           capture_output=True, text=True, timeout=300)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from shardfs.storage.memory import parse_size
-from shardfs.storage.placement import unwritable_folder
+from shardfs.storage.placement import unusable_folder
 from shardfs.storage.peers.addresses import check as check_peers
 from shardfs.storage.peers.addresses import parse_list as parse_peers
 from shardfs.storage.peers.addresses import pick_self
@@ -190,14 +190,16 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
 
 def check_storage_folders(cfg: MountConfig) -> None:
     """The index and disk-tier folders, where they are given: checked by the daemon as it starts, not
-    by `shardfs mount`, which gives up on a daemon stuck there (a hung filesystem) in time."""
-    _check_folders({"index_dir": cfg.index_dir, "disk_cache": None if cfg.disk_cache == "off" else cfg.disk_cache},
-                   lambda key, why: UsageError(f"--{key.replace('_', '-')}: {why}"))
+    by `shardfs mount`, which gives up on a daemon stuck there (a hung filesystem) in time. An index
+    folder that is there may be read-only (indexes built by others)."""
+    fail = lambda key, why: UsageError(f"--{key.replace('_', '-')}: {why}")  # noqa: E731
+    _check_folders({"index_dir": cfg.index_dir}, fail, read_only_ok=True)
+    _check_folders({"disk_cache": None if cfg.disk_cache == "off" else cfg.disk_cache}, fail)
 
 
-def _check_folders(folders: dict[str, str | None], fail) -> None:
+def _check_folders(folders: dict[str, str | None], fail, read_only_ok: bool = False) -> None:
     for key, folder in folders.items():
-        why = folder and unwritable_folder(folder)
+        why = folder and unusable_folder(folder, read_only_ok)
         if why:
             raise fail(key, why)
 
