@@ -11,7 +11,7 @@ import os
 import sys
 
 from shardfs import __version__
-from shardfs.errors import UsageError
+from shardfs.errors import ShardfsError, UsageError, one_line
 
 log = logging.getLogger("shardfs")
 
@@ -115,25 +115,41 @@ def _serve(cfg, ready_fd: int | None) -> int:
     from shardfs.fuse.lib import check_can_mount
 
     _setup_logging(cfg.log_level, cfg.log_file, journal=ready_fd is None and "INVOCATION_ID" in os.environ)
-    if ready_fd is not None:  # started by a detaching `shardfs mount`: its terminal sees problems only
-        for handler in logging.getLogger().handlers:
-            if type(handler) is logging.StreamHandler:
-                handler.setLevel(logging.WARNING)
+    held = None if ready_fd is None else _hold_terminal_lines()
     check_can_mount(cfg.allow_other, cfg.mountpoint)
     if ready_fd is None:
         mount.prepare_mountpoint(cfg.mountpoint)
 
     def detach() -> None:
-        # Started by `shardfs mount` without --foreground: from now on log to the file only.
-        if ready_fd is not None and cfg.log_file:
-            root = logging.getLogger()
-            for h in [h for h in root.handlers if type(h) is logging.StreamHandler]:
-                root.removeHandler(h)
+        # Started by `shardfs mount` without --foreground: the problems held back go to its terminal,
+        # and from now on the log to the file only.
+        if held is not None:
+            held.flush()
+            logging.getLogger().removeHandler(held)
             fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.dup2(fd, 2)
             os.close(fd)
 
-    return serve(cfg, ready_fd=ready_fd, on_detach=detach)
+    try:
+        return serve(cfg, ready_fd=ready_fd, on_detach=detach)
+    finally:
+        if held is not None:  # not ready (refused, or failed): its one line says it; the log file has the rest
+            held.setTarget(None)
+
+
+def _hold_terminal_lines() -> logging.Handler:
+    """A daemon started by `shardfs mount`: its terminal sees problems only (warnings and worse), and
+    only those of a mount that goes ahead, held until it is ready; a refusal is the command's one
+    line, alone (every line is in the log file as well)."""
+    from logging.handlers import MemoryHandler
+
+    root = logging.getLogger()
+    stream = next(h for h in root.handlers if type(h) is logging.StreamHandler)
+    root.removeHandler(stream)
+    held = MemoryHandler(10_000, flushLevel=logging.CRITICAL + 1, target=stream, flushOnClose=False)
+    held.setLevel(logging.WARNING)
+    root.addHandler(held)
+    return held
 
 
 def _could_be_mountpoint(word: str) -> bool:
@@ -184,11 +200,9 @@ def cmd_run(args) -> int:
                "storage_options": cfg.storage_options, "peers": cfg.peers, "peer_self": cfg.peer_self}
     try:
         return run(sources, mountpoint, args.command, options, args.argv)
-    except MountError as exc:
+    except MountError as exc:  # its message is what `shardfs mount` printed
         print(exc, file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:
-        raise UsageError(f"{args.command[0]}: command not found ({exc.strerror})") from None
+        return exc.exit_code
 
 
 def in_batch_job() -> bool:
@@ -231,13 +245,9 @@ def cmd_status(args) -> int:
 
 
 def cmd_umount(args) -> int:
-    from shardfs.service.mount import DaemonOutlived, unmount
+    from shardfs.service.mount import unmount
 
-    try:
-        return unmount(args.mountpoint, lazy=args.lazy, wait=args.wait)
-    except DaemonOutlived as exc:
-        print(f"shardfs: {exc}", file=sys.stderr)
-        return exc.exit_code
+    return unmount(args.mountpoint, lazy=args.lazy, wait=args.wait)
 
 
 def cmd_index(args) -> int:
@@ -256,12 +266,12 @@ def cmd_index(args) -> int:
             bar.update(1)
             if ix is None:
                 bad += 1
-                tqdm.write(f"error: {how}", file=sys.stderr)
+                tqdm.write(f"shardfs: {how}", file=sys.stderr)
                 continue
             members += len(ix)
             built += how.startswith("built")
             for line in ix.warnings + ([ix.error] if ix.error else []):
-                tqdm.write(f"warning: {line}", file=sys.stderr)
+                tqdm.write(f"shardfs: warning: {line}", file=sys.stderr)
             bad += ix.error is not None
     print(f"{len(paths)} shards, {members} members; {built} indexes built, {len(paths) - built - bad} current; "
           f"{bad} with errors")
@@ -380,8 +390,49 @@ def columns_option(group) -> None:
                             "(default: found by convention: image/label, image_data/label, images/targets)")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors in one line like every other error, pointing at --help for the usage."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("shardfs").strip()
+        usage = f" (see {self.prog} --help)" if self.add_help else ""
+        self.exit(2, f"shardfs: {command + ': ' if command else ''}{message}{usage}\n")
+
+
+def _at_least(low: int | float, kind=int):
+    """An argparse type: a number of ``kind`` no smaller than ``low``."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}")
+        if not value >= low:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        return value
+    return parse
+
+
+def _folder(read_only_ok: bool = False):
+    """An argparse type: a folder files can be made in (created as needed); see unusable_folder."""
+    def check(path: str) -> str:
+        from shardfs.storage.placement import unusable_folder
+
+        why = unusable_folder(path, read_only_ok)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return path
+    return check
+
+
+def _positive_seconds(text: str) -> float:
+    value = _at_least(0.0, float)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardfs", description="Mount directories of dataset shards read-only.")
+    parser = _OneLineParser(prog="shardfs", description="Mount directories of dataset shards read-only.")
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -455,7 +506,7 @@ def _add_mount(add) -> None:
                    help="directories of shards, shard files or globs, then the mountpoint")
     p.add_argument("--config", metavar="FILE", help="read everything from a TOML file (see systemd/example.toml)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
-    p.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
+    p.add_argument("--ready-timeout", type=_positive_seconds, default=300.0, metavar="S",
                    help="give up when the starting daemon reports no progress (a shard indexed) for S "
                         "seconds, e.g. on a hung filesystem (default 300)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -486,7 +537,7 @@ def _add_umount(add) -> None:
     p = add("umount", aliases=["unmount"], help="unmount and wait for the daemon to exit")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if files are open")
-    p.add_argument("--wait", type=float, default=30.0, metavar="S",
+    p.add_argument("--wait", type=_at_least(0.0, float), default=30.0, metavar="S",
                    help="seconds to wait for the daemon to exit; exit status 1 if it is still running (default 30)")
     p.set_defaults(func=cmd_umount)
 
@@ -494,8 +545,9 @@ def _add_umount(add) -> None:
 def _add_index(add) -> None:
     p = add("index", parents=[_remote_options()], help="build shard indexes ahead of time")
     p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("--index-dir")
-    p.add_argument("--workers", type=int, help="indexes built at once (tar shards: three threads each; default: the cores)")
+    p.add_argument("--index-dir", type=_folder())
+    p.add_argument("--workers", type=_at_least(1),
+                   help="indexes built at once (tar shards: three threads each; default: the cores)")
     p.add_argument("--rebuild", action="store_true", help="rebuild even if current")
     columns_option(p)
     p.set_defaults(func=cmd_index)
@@ -508,8 +560,8 @@ def _add_stats(add) -> None:
     p.add_argument("--format", choices=["text", "json", "prometheus"], default="text",
                    help="prometheus: the exposition format (metrics shardfs_*)")
     p.add_argument("--watch", action="store_true", help="a live view, refreshed every --interval seconds")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="--watch: seconds between refreshes")
-    p.add_argument("--count", type=int, metavar="N", help="--watch: stop after N refreshes (default: until Ctrl-C)")
+    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S", help="--watch: seconds between refreshes")
+    p.add_argument("--count", type=_at_least(1), metavar="N", help="--watch: stop after N refreshes (default: until Ctrl-C)")
     p.set_defaults(func=cmd_stats)
 
 
@@ -539,7 +591,7 @@ def _add_pack(add) -> None:
     p.add_argument("--root", metavar="DIR", help="mapping: paths are relative to DIR (default: the file's directory)")
     p.add_argument("--under", default="", metavar="DIR", help="put every member below DIR (e.g. train)")
     p.add_argument("--mtime", type=int, metavar="SECONDS", help="every member's mtime (default: the source file's)")
-    p.add_argument("--workers", type=int, help="processes writing shards (output does not depend on it; default 1)")
+    p.add_argument("--workers", type=_at_least(1), help="processes writing shards (output does not depend on it; default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier pack of the same prefix in OUT")
     p.add_argument("--layout", choices=["plain", "webdataset"], default="plain",
                    help="webdataset: each image as <key>.<ext> + <key>.cls (its label), class list in "
@@ -552,7 +604,7 @@ def _add_verify(add) -> None:
             help="check shards: structure, manifest sha256, optionally decode images")
     p.add_argument("sources", nargs="+", metavar="SRC", help="directory of shards, shard file, glob or URL")
     p.add_argument("--decode", action="store_true", help="also open every image member with Pillow")
-    p.add_argument("--workers", type=int, help="processes checking shards (default: up to 8)")
+    p.add_argument("--workers", type=_at_least(1), help="processes checking shards (default: up to 8)")
     columns_option(p)
     p.set_defaults(func=cmd_verify)
 
@@ -565,7 +617,7 @@ def _add_ls(add) -> None:
                                                   "`shardfs ls SRC PATH` also works when PATH is no file on disk")
     p.add_argument("-l", dest="long", action="store_true", help="long format: mode, size, mtime, shard")
     p.add_argument("-R", dest="recursive", action="store_true", help="list subdirectories recursively")
-    p.add_argument("--index-dir")
+    p.add_argument("--index-dir", type=_folder(read_only_ok=True))
     layout_options(p)
     p.set_defaults(func=cmd_ls)
 
@@ -585,9 +637,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         enter_if_asked()  # `shardfs run` started again to mount in a user namespace (userns.py)
-    except UsageError as exc:
-        print(f"shardfs: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except (ShardfsError, OSError) as exc:
+        return _report(exc)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         if not _looks_like_source(argv[0]):
             close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
@@ -605,17 +656,24 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.log_level or "info")
     try:
         return args.func(args)
-    except UsageError as exc:
-        print(f"shardfs: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except (ShardfsError, OSError) as exc:
+        return _report(exc)
     except KeyboardInterrupt:
         return 130
+
+
+def _report(exc: ShardfsError | OSError) -> int:
+    """An error that ends the command: one line (the traceback only at --log-level debug), its status."""
+    log.debug("the error's traceback:", exc_info=exc)
+    error = one_line(exc)
+    print(f"shardfs: {error}", file=sys.stderr)
+    return error.exit_code
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.shardfs SPEC DIR [-sfnv] [-N NS] [-o OPTIONS]``: what mount(8) runs for fstab type "shardfs"
     (link it as /sbin/mount.shardfs). fstab type "fuse.shardfs" works without it, through mount.fuse3."""
-    parser = argparse.ArgumentParser(prog="mount.shardfs", add_help=False)
+    parser = _OneLineParser(prog="mount.shardfs", add_help=False)
     parser.add_argument("spec")
     parser.add_argument("dir")
     parser.add_argument("-o", dest="options", default="")

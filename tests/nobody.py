@@ -60,10 +60,11 @@ def share(top: str) -> None:
                 os.chmod(path, os.stat(path).st_mode | stat.S_IROTH | (stat.S_IXOTH if name in dirs else 0))
 
 
-def run(top: str, script: str, args: list[str], dev_fuse_mode: int = 0o666, env: dict | None = None) -> dict:
-    """``python script args`` as nobody; returns the JSON object its last output line holds. Its
-    /dev/fuse is a node of the namespace's own with ``dev_fuse_mode`` (0666 as udev makes it on most
-    nodes, 0600 for a node whose admin closed it), whatever the host's is."""
+def namespace_setup(top: str, dev_fuse_mode: int = 0o666) -> list[str]:
+    """Shell commands, run as root in a private mount namespace, that let nobody run Python there
+    and give the namespace its own /dev/fuse with ``dev_fuse_mode`` (0666 as udev makes it on most
+    nodes, 0600 for a node whose admin closed it), whatever the host's is; ``top/ns`` holds what
+    they need."""
     base = os.path.realpath(PYTHON)
     pyenv = base.split("/versions/")[0] if "/.pyenv/" in base else None
     setup = [f"mkdir -p {top}/ns"]
@@ -71,13 +72,22 @@ def run(top: str, script: str, args: list[str], dev_fuse_mode: int = 0o666, env:
         setup += [f"mkdir -p {top}/ns/pyenv", f"mount --bind {pyenv} {top}/ns/pyenv",
                   "mount -t tmpfs -o mode=755 tmpfs /root", f"mkdir -p {pyenv}",
                   f"mount --bind {top}/ns/pyenv {pyenv}"]
-    setup += [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}",
-              f"chmod {dev_fuse_mode:o} {top}/ns/fuse", f"mount --bind {top}/ns/fuse /dev/fuse"]
+    return setup + [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}",
+                    f"chmod {dev_fuse_mode:o} {top}/ns/fuse", f"mount --bind {top}/ns/fuse /dev/fuse"]
+
+
+def as_nobody(top: str, argv: list[str], env: dict | None = None) -> list[str]:
+    """``argv`` run as nobody, with HOME in ``top`` and the plain system PATH (plus ``env``)."""
     variables = {"HOME": f"{top}/home", "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
-    command = ["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in variables.items()), PYTHON, script,
-               *args]
+    return ["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in variables.items()), *argv]
+
+
+def run(top: str, script: str, args: list[str], dev_fuse_mode: int = 0o666, env: dict | None = None) -> dict:
+    """``python script args`` as nobody (with ``dev_fuse_mode`` as in namespace_setup); returns the
+    JSON object its last output line holds."""
+    command = as_nobody(top, [PYTHON, script, *args], env)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec",
-                           " && ".join(setup + [shlex.join(command)])],
+                           " && ".join(namespace_setup(top, dev_fuse_mode) + [shlex.join(command)])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

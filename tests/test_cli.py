@@ -20,29 +20,15 @@ def _one_line_error(done, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-def test_usage_errors(tmp_path, tar_shards):
+def test_a_folder_with_shards_only_in_subfolders_names_them(tmp_path, tar_shards):
+    """(Every other wrong command, as root and as nobody: test_wrong_commands.py.)"""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "readme.txt").write_text("x")
-
-    _one_line_error(shardfs_cmd("mount", str(tmp_path / "nope"), str(mnt)), "no such file or directory")
-    _one_line_error(shardfs_cmd("mount", str(empty), str(mnt)), "no shard found")
-    _one_line_error(shardfs_cmd("mount", str(tmp_path / "other"), str(mnt)), "no shard found")
-    _one_line_error(shardfs_cmd("mount", str(tmp_path / "other" / "readme.txt"), str(mnt)), "not a shard")
     for split in ("train", "val"):  # tar shards only in subdirectories: which, and how to name them
         (tmp_path / "splits" / split).mkdir(parents=True)
         shutil.copy(sorted(tar_shards.glob("*.tar"))[0], tmp_path / "splits" / split / "s.tar")
     _one_line_error(shardfs_cmd("mount", str(tmp_path / "splits"), str(mnt)), "no shard found",
                     "subdirectories train, val", os.path.join(str(tmp_path / "splits"), "*", "*.tar"))
-    _one_line_error(shardfs_cmd("mount", str(tmp_path / "x*.tar"), str(mnt)), "matches no shard")
-    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(tmp_path / "missing")), "does not exist", "mkdir")
-    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "-o", "rwx"), "unknown mount option")
-    _one_line_error(shardfs_cmd("mount", str(tar_shards), str(mnt), "--cache-size", "lots"), "--cache-size")
-    _one_line_error(shardfs_cmd("mount", str(tar_shards)), "name the shards and the mountpoint")
-    _one_line_error(shardfs_cmd("umount", str(mnt)), "not mounted")
 
 
 @needs_fuse
@@ -156,21 +142,6 @@ def test_mount_gives_up_on_a_daemon_that_makes_no_progress(tar_shards, sample_tr
         assert "finding shards" in done.stderr or "indexed" in done.stderr, done.stderr
     finally:
         os.kill(hung.pid, signal.SIGCONT)
-
-
-@needs_fuse
-def test_mount_reports_a_daemon_that_died_before_mounting(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "x.tar").write_bytes(b"not a tar at all " * 100)  # named like a shard: found, then unreadable
-    done = shardfs_cmd("mount", str(bad), str(mnt), "--log-file", str(tmp_path / "log"))
-    if os.path.ismount(mnt):
-        force_unmount(str(mnt))
-    assert done.returncode == 2 and not os.path.ismount(mnt)
-    assert "mount failed: the daemon exited with status 2" in done.stderr, done.stderr
-    assert "no readable shard" in done.stderr  # the daemon says why itself
 
 
 @needs_fuse

@@ -85,12 +85,6 @@ def test_run_forwards_sigterm_to_the_command(tar_shards, tmp_path):
             runner.kill()
 
 
-def test_run_usage_errors(tar_shards):
-    assert shardfs_cmd("run", str(tar_shards)).returncode == 2
-    missing = shardfs_cmd("run", str(tar_shards), "--", "no-such-command-xyz")
-    assert missing.returncode == 2 and "command not found" in missing.stderr
-
-
 def test_python_api_unmounts_also_on_exceptions(tar_shards, private_tmp):
     datasets = pytest.importorskip("torchvision.datasets")
     before = _shardfs_mounts(str(private_tmp))

@@ -86,6 +86,10 @@ def _members(pairs: list[tuple[str, str]], mtime: int | None) -> list[Member]:
     return out
 
 
+def _unlistable(exc: OSError) -> None:
+    raise exc  # a folder of the source that cannot be listed: one line (errors.PathError), not a smaller pack
+
+
 def from_directory(root: str, under: str = "", mtime: int | None = None, exclude: str | None = None) -> list[Member]:
     """Every regular file below ``root`` (symlinks followed, loops skipped), in no set order.
 
@@ -95,7 +99,7 @@ def from_directory(root: str, under: str = "", mtime: int | None = None, exclude
         raise UsageError(f"{root}: not a directory")
     pairs, seen = [], set()
     skip = os.path.realpath(exclude) if exclude else None
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=_unlistable):
         real = os.path.realpath(dirpath)
         if real in seen or real == skip:
             dirnames[:] = []

@@ -15,6 +15,7 @@ The same input, options and seed give byte-identical shards and manifest.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
@@ -171,6 +172,19 @@ def _remove_stale(out_dir: str, old: list[str], kept: set[str]) -> None:
                 pass
 
 
+def _remove_unfinished(out_dir: str, prefix: str, created: bool) -> None:
+    """A pack that failed (a full disk, a source gone) leaves no half of itself: no shard of the
+    prefix, no index or temp file of one, and not the folder it made."""
+    pattern = re.compile(re.escape(prefix) + r"-\d{6,}(\.tar|\.lz4shard)(\.tmp|" + re.escape(INDEX_SUFFIX) + ")?")
+    for name in os.listdir(out_dir):
+        if pattern.fullmatch(name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(out_dir, name))
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(out_dir)
+
+
 def prepare_out_dir(out_dir: str, opts: PackOptions) -> list[str]:
     """Create out_dir; the names of an earlier pack with this prefix (refused unless overwrite)."""
     try:
@@ -271,13 +285,14 @@ def pack_members(members: list[Member], out_dir: str, opts: PackOptions, source:
     opts.check()
     if not members:
         raise UsageError("nothing to pack: the source has no files")
+    created = not os.path.lexists(out_dir)
     if opts.layout != "webdataset":
-        return _pack_members(members, out_dir, opts, source, started)
+        return _pack_members(members, out_dir, opts, source, started, created)
     prepare_out_dir(out_dir, opts)
     spool = tempfile.mkdtemp(dir=out_dir, prefix=".pack-spool-")
     try:
         members, classes = packwds.to_samples(members, classes, os.path.join(spool, "labels"), opts.under)
-        summary = _pack_members(members, out_dir, opts, source, started)
+        summary = _pack_members(members, out_dir, opts, source, started, created)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     packwds.write_classes(out_dir, classes)
@@ -285,21 +300,26 @@ def pack_members(members: list[Member], out_dir: str, opts: PackOptions, source:
 
 
 def _pack_members(members: list[Member], out_dir: str, opts: PackOptions, source: dict,
-                  started: float) -> PackSummary:
+                  started: float, created: bool) -> PackSummary:
+    """created: out_dir did not exist before this pack (removed again if the pack fails)."""
     shards, oversized = plan(members, opts)
     old = prepare_out_dir(out_dir, opts)
     try:  # from now on, until the new one is written, no manifest vouches for a half-replaced pack
         os.unlink(manifest.path_for(out_dir, opts.prefix))
     except FileNotFoundError:
         pass
-    infos = _write_all(out_dir, shards, opts)
-    extra = {}
-    if opts.format == "lz4":
-        import lz4
+    try:
+        infos = _write_all(out_dir, shards, opts)
+        extra = {}
+        if opts.format == "lz4":
+            import lz4
 
-        extra = {"lz4": lz4.library_version_string()}  # another lz4 may compress differently
-    path = manifest.path_for(out_dir, opts.prefix)
-    manifest.write(path, manifest.build(opts.prefix, infos, source, opts.recorded(), extra))
+            extra = {"lz4": lz4.library_version_string()}  # another lz4 may compress differently
+        path = manifest.path_for(out_dir, opts.prefix)
+        manifest.write(path, manifest.build(opts.prefix, infos, source, opts.recorded(), extra))
+    except BaseException:
+        _remove_unfinished(out_dir, opts.prefix, created)
+        raise
     _remove_stale(out_dir, old, {i.name for i in infos} | {os.path.basename(path)})
     return PackSummary(infos, sum(i.members for i in infos), sum(i.data_bytes for i in infos),
                        sum(i.size for i in infos), time.monotonic() - started, path, oversized)

@@ -172,11 +172,13 @@ def write_shard(path: str, fmt: str, members: list[Member], block_size: int = 1 
             _write_lz4(path, members, block_size, progress)
             os.chmod(path, 0o644)
             sha = sha256_file(path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:  # a write or fsync (a full disk): name the shard
+            raise OSError(exc.errno, exc.strerror, path) from None
         raise
     ix, _how = index_store.load_or_build(path, rebuild=True)
     if ix.error or ix.warnings or len(ix) != len(members):

@@ -26,7 +26,11 @@ from shardfs.service.mount import force_unmount
 
 
 class MountError(ShardfsError, RuntimeError):
-    """``shardfs mount`` failed; the message is what it printed."""
+    """``shardfs mount`` failed; the message is what it printed, exit_code its status."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def mount_command(sources: list[str], mountpoint: str, options: dict) -> list[str]:
@@ -95,7 +99,8 @@ def serving(sources: list[str], path: str, options: dict, fuse_fd: int | None = 
         if fuse_fd is not None:
             os.close(fuse_fd)  # the daemon's is the only one left: if it dies, the mount answers ENOTCONN
     if done.returncode != 0:
-        raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}")
+        raise MountError(done.stderr.strip() or f"shardfs mount exited with status {done.returncode}",
+                         done.returncode if done.returncode > 0 else 1)
     try:
         yield path
     finally:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from shardfs.storage.memory import parse_size
+from shardfs.storage.placement import unusable_folder
 from shardfs.storage.peers.addresses import check as check_peers
 from shardfs.storage.peers.addresses import parse_list as parse_peers
 from shardfs.storage.peers.addresses import pick_self
@@ -154,6 +155,10 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
             raise fail(key, f"expected {_KEYS[key][1]}, got {value}")
     if cfg.metrics_dir is not None and not os.path.isdir(cfg.metrics_dir):
         raise fail("metrics_dir", f"{cfg.metrics_dir} is not a directory")
+    if cfg.log_file is not None and os.path.isdir(cfg.log_file):
+        raise fail("log_file", f"{cfg.log_file} is a directory: name a file")
+    _check_folders({"log_file": cfg.log_file and os.path.dirname(os.path.abspath(cfg.log_file)),
+                    "metrics_dir": cfg.metrics_dir}, fail)
     if cfg.metrics_interval <= 0:
         raise fail("metrics_interval", f"expected {_KEYS['metrics_interval'][1]}, got {cfg.metrics_interval}")
     if cfg.layout not in ("plain", "imagefolder"):
@@ -181,6 +186,22 @@ def check(cfg: MountConfig, fail=lambda key, why: UsageError(f"{key}: {why}")) -
             Columns.parse(cfg.columns)
         except UsageError as exc:
             raise fail("columns", str(exc)) from None
+
+
+def check_storage_folders(cfg: MountConfig) -> None:
+    """The index and disk-tier folders, where they are given: checked by the daemon as it starts, not
+    by `shardfs mount`, which gives up on a daemon stuck there (a hung filesystem) in time. An index
+    folder that is there may be read-only (indexes built by others)."""
+    fail = lambda key, why: UsageError(f"--{key.replace('_', '-')}: {why}")  # noqa: E731
+    _check_folders({"index_dir": cfg.index_dir}, fail, read_only_ok=True)
+    _check_folders({"disk_cache": None if cfg.disk_cache == "off" else cfg.disk_cache}, fail)
+
+
+def _check_folders(folders: dict[str, str | None], fail, read_only_ok: bool = False) -> None:
+    for key, folder in folders.items():
+        why = folder and unusable_folder(folder, read_only_ok)
+        if why:
+            raise fail(key, why)
 
 
 # fstab options mount(8) passes along that mean nothing to us (the mount is always read-only).

@@ -33,12 +33,12 @@ from shardfs.storage.pressure import PressureWatcher
 from shardfs.storage.placement import filesystem_type, is_local_disk
 from shardfs.storage.readers_first import ReadersFirst
 from shardfs.storage.ram import ShardCache
-from shardfs.service.config import MountConfig
+from shardfs.service.config import MountConfig, check_storage_folders
 from shardfs.service.notify import Notifier
 from shardfs.service.saved_view import SavedView, saved_views_wanted
 from shardfs.fuse import devfd
 from shardfs.fuse.stats import Stats
-from shardfs.errors import UsageError
+from shardfs.errors import ShardfsError, UsageError
 
 log = logging.getLogger("shardfs")
 
@@ -146,19 +146,27 @@ class Daemon:
         self.notifier = Notifier()
         self.stats = Stats()
         self._rescan_lock = threading.Lock()
-        self.layout = layouts.from_options(cfg.layout, cfg.class_names)  # read once: a rescan keeps it
-        self.columns = Columns.parse(cfg.columns)
 
     def serve(self) -> int:
         """Mount and serve until unmounted, in the steps below."""
-        self._prepare_process()
-        self._start_peers()
-        self._report("finding shards")
-        found = find_shards(self.sources)
-        self._make_caches(found)  # before the view: the index builds fill them (storage/buildfill.py)
-        view = self._open_view(found)
-        self._serve_from_caches(view)
-        self._make_filesystem(view)
+        try:
+            self.layout = layouts.from_options(self.opts.layout, self.opts.class_names)  # read once: a rescan keeps it
+            self.columns = Columns.parse(self.opts.columns)
+            self._prepare_process()
+            self._start_peers()
+            self._report("finding shards")
+            check_storage_folders(self.opts)
+            found = find_shards(self.sources)
+            self._make_caches(found)  # before the view: the index builds fill them (storage/buildfill.py)
+            view = self._open_view(found)
+            self._serve_from_caches(view)
+            self._make_filesystem(view)
+        except (ShardfsError, OSError) as exc:
+            if self.ready_fd is None:  # `shardfs mount --foreground`: the command line says it
+                raise
+            from shardfs.service.mount import refuse
+
+            return refuse(self.ready_fd, exc)
         started = time.monotonic()
         # Idle workers are never destroyed: a pool that shrinks after each burst creates new
         # threads (and their Python thread states) for the next one.
@@ -392,6 +400,7 @@ class Daemon:
         if self.ready_fd is not None:
             os.write(self.ready_fd, json.dumps(self.figures()).encode() + b"\n")
             os.close(self.ready_fd)
+            self.ready_fd = None
         if self.on_detach is not None:
             self.on_detach()
         self.notifier.send(ready="1", status=f"serving {_describe(self.fs.view)}")

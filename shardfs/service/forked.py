@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable
 
 from shardfs import processes
-from shardfs.errors import UsageError
+from shardfs.errors import ShardfsError, one_line
 
 
 def can_fork() -> bool:
@@ -93,9 +93,10 @@ def _exit_status(work: Callable[[], int]) -> int:
     """``work()``'s status, or what `shardfs` would exit with had it raised (see cli.main)."""
     try:
         return work()
-    except UsageError as exc:
-        print(f"shardfs: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except (ShardfsError, OSError) as exc:
+        error = one_line(exc)
+        print(f"shardfs: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         return 130
     except SystemExit as exc:

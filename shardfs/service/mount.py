@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from shardfs.dirs import cache_dir
 from shardfs.service.config import MountConfig, storage_env, to_args
-from shardfs.errors import ShardfsError, UsageError
+from shardfs.errors import ShardfsError, UsageError, one_line
 from shardfs.fuse import devfd
 from shardfs.service import forked
+from shardfs.storage.placement import KERNEL_FILESYSTEMS, filesystem_type
 from shardfs.fuse.lib import check_can_mount
 from shardfs.view.sources import find_shards
 
@@ -69,8 +70,15 @@ def prepare_mountpoint(mountpoint: str) -> None:
         raise UsageError(f"mountpoint {mountpoint}: {exc.strerror}") from None
     if not os.path.isdir(mountpoint):
         raise UsageError(f"mountpoint {mountpoint} is not a directory")
+    kind = filesystem_type(mountpoint)
+    if kind in KERNEL_FILESYSTEMS:
+        raise UsageError(f"mountpoint {mountpoint} is on {kind}, a filesystem of the kernel's own: "
+                         "mount on a directory of yours")
     if os.path.ismount(mountpoint):
         raise UsageError(f"{mountpoint} is busy: something is mounted there (shardfs umount {mountpoint})")
+    if os.getuid() != 0 and not os.access(mountpoint, os.W_OK):  # fusermount3's own rule
+        raise UsageError(f"mountpoint {mountpoint} is not writable by you: a user mounts only on a directory "
+                         "of their own (mkdir one)")
 
 
 def default_log_file(mountpoint: str) -> str:
@@ -92,6 +100,7 @@ def mount_detached(cfg: MountConfig, stall_timeout: float = STALL_TIMEOUT,
         _check_sources_and_mountpoint(cfg)
     cfg = dataclasses.replace(cfg, log_file=cfg.log_file or default_log_file(cfg.mountpoint))
     os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+    open(cfg.log_file, "a").close()  # a log file the daemon cannot write: said here, in one line
     read_end, write_end = os.pipe()
     fuse_fd = devfd.descriptor(cfg.mountpoint)  # a /dev/fd/N mounted already: the daemon serves it
     keep = (write_end,) if fuse_fd is None else (write_end, fuse_fd)
@@ -137,10 +146,17 @@ def _checked_daemon(serve: Callable[[MountConfig, int], int], cfg: MountConfig, 
     print as its one line; then the daemon."""
     try:
         _check_sources_and_mountpoint(cfg)
-    except UsageError as exc:
-        os.write(ready_fd, json.dumps({"refused": str(exc), "exit_code": exc.exit_code}).encode() + b"\n")
-        return exc.exit_code
+    except (ShardfsError, OSError) as exc:
+        return refuse(ready_fd, exc)
     return serve(cfg, ready_fd)
+
+
+def refuse(ready_fd: int, exc: ShardfsError | OSError) -> int:
+    """A daemon that gives up before it is ready: its one line goes to the `shardfs mount` that waits
+    for it (which prints it as its own), not beside that command's "mount failed" line."""
+    error = one_line(exc)
+    os.write(ready_fd, json.dumps({"refused": str(error), "exit_code": error.exit_code}).encode() + b"\n")
+    return error.exit_code
 
 
 def _wait_ready(child: Child, fd: int, stall_timeout: float) -> tuple[dict | None, str]:
@@ -233,6 +249,8 @@ def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0, direct: boo
         lazy = True  # the daemon is gone: nothing to wait for
     elif not os.path.ismount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
+    elif not (filesystem_type(mountpoint) or "").startswith("fuse"):
+        raise UsageError(f"{mountpoint} is not a shardfs mount (it is {filesystem_type(mountpoint)})")
     pid = daemon_pid(mountpoint)
     why = _detach(mountpoint, lazy, direct)
     if why:
@@ -251,9 +269,7 @@ def unmount(mountpoint: str, lazy: bool = False, wait: float = 30.0, direct: boo
 
 
 class DaemonOutlived(ShardfsError):
-    """The mount is gone but its daemon has not exited within the wait."""
-
-    exit_code = 1
+    """The mount is gone but its daemon has not exited within the wait (exit status 1)."""
 
 
 def process_alive(pid: int) -> bool:

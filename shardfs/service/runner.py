@@ -11,12 +11,25 @@ and the command are in a user and mount namespace of their own (userns.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 from collections.abc import Iterator
 
+from shardfs.errors import ShardfsError
 from shardfs.service.api import mounted
 from shardfs.service.signals import command_with_signals
+
+
+class CommandNotStarted(ShardfsError):
+    """COMMAND could not be started: status 127 when it is not found, 126 when it cannot be run, as
+    shells, env, timeout, nohup and srun answer (job scripts test for them)."""
+
+    def __init__(self, name: str, exc: OSError):
+        missing = exc.errno == errno.ENOENT
+        super().__init__(f"{name}: command not found" if missing else f"{name}: cannot run it: {exc.strerror}"
+                         + (" (make it executable: chmod +x)" if exc.errno == errno.EACCES else ""))
+        self.exit_code = 127 if missing else 126
 
 
 @contextlib.contextmanager
@@ -56,7 +69,10 @@ def run(sources: list[str], mountpoint: str | None, command: list[str], options:
     """argv: the ``shardfs`` command line that asked for this, to start again in a user namespace."""
     mounting = _mounting(argv)  # before anything is made: it may start this command line again
     with created_mountpoint(mountpoint), mounting(sources, mountpoint, **options) as root:
-        with command_with_signals(command, {**os.environ, "SHARDFS_MOUNT": root}) as child:
-            code = child.wait()
+        try:
+            with command_with_signals(command, {**os.environ, "SHARDFS_MOUNT": root}) as child:
+                code = child.wait()
+        except OSError as exc:  # it could not be started
+            raise CommandNotStarted(command[0], exc) from None
     # Like a shell: a command killed by signal N gives 128 + N.
     return 128 - code if code < 0 else code

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from shardfs.errors import UsageError
 from shardfs.fuse.stats import STATS_XATTR
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
@@ -103,6 +104,8 @@ def watch(mountpoint: str, interval: float = 1.0, count: int | None = None) -> i
             try:
                 now, at = read_figures(mountpoint), time.monotonic()
             except OSError as exc:
+                if not shown:  # named wrong, not gone while watched
+                    raise UsageError(f"{mountpoint}: not a live shardfs mount ({exc.strerror})") from None
                 print(f"shardfs: {mountpoint}: not a live shardfs mount ({exc.strerror})", file=sys.stderr)
                 return 1
             sys.stdout.write(clear + view(mountpoint, now, before, at - taken if taken else 0.0) + "\n" + ("" if clear else "\n"))

@@ -70,6 +70,9 @@ class LocalShard(Shard):
                           self.path, exc.strerror)
                 raise ShardIOError(f"{self.path}: {exc.strerror}") from None
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM):
+                if self.sequential:  # a scan, whose caller says the shard is left out: no "answer EIO" line
+                    raise ShardIOError(f"{self.path}: cannot open: {exc.strerror}", unavailable=True,
+                                       permanent=True) from None
                 raise self.mark_broken(f"cannot open: {exc.strerror}") from None
             raise self.read_failed(0, f"cannot open: {exc.strerror}") from None  # EIO & co: try again later
         if not self.sequential:
