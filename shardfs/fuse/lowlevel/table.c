@@ -348,8 +348,11 @@ static const char *wrong_index(const Table *t, Py_ssize_t dir_names_len, Py_ssiz
     for (uint32_t m = 0; m < t->nmembers; m++) {
         if (t->shard[m] >= t->nshards)
             return "a member's shard is out of range";
-        /* offset -1: not one byte range of its shard (fast_bytes in requests.c) */
-        if (t->size[m] < 0 || t->size[m] > MEMBER_BYTES_MAX || t->offset[m] < -1 || t->offset[m] > MEMBER_BYTES_MAX)
+        /* The loop reads offsets only in shards whose members are byte ranges of them (another
+         * format's may be its own, parquet.VIRTUAL); -1 there: not one byte range (fast_bytes). */
+        int64_t offset = t->offset[m];
+        if (t->size[m] < 0 || t->size[m] > MEMBER_BYTES_MAX ||
+            (t->shard_raw[t->shard[m]] && (offset < -1 || offset > MEMBER_BYTES_MAX)))
             return "a member's size or offset is out of range";
     }
     return NULL;
