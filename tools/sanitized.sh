@@ -43,22 +43,34 @@ for so in $modules; do
 done
 
 # The runtimes preloaded into every process (ASan first; the interpreter itself is not built with
-# them); Python's own allocator off, so that ASan sees each allocation; each report to a file of
-# its own in $reports (a daemon's stderr is /dev/null). Leaks are not looked for: CPython keeps
-# memory until exit by design, so every run would report them.
+# them); Python's own allocator off, so that ASan sees each allocation. ASan writes each report to
+# a file of its own in $reports (a daemon's stderr is /dev/null until it logs to its file). Leaks
+# are not looked for: CPython keeps memory until exit by design, so every run would report them.
+# UBSan stops the process at its first report (-fno-sanitize-recover=all, halt_on_error), so the
+# test that reached it fails; its report goes to the process's stderr whatever UBSAN_OPTIONS'
+# log_path says (with GCC's two runtimes in one process, the report path is set in ASan's runtime
+# only, tried here): pytest's own stderr (not captured at the descriptor: --capture=sys) and the
+# daemons' logs (in --basetemp) are searched for reports too.
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan:halt_on_error=1"
-export UBSAN_OPTIONS="log_path=$reports/ubsan:halt_on_error=1:print_stacktrace=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONMALLOC=malloc PYTHONPATH=$copy
-status=0
-(cd "$copy" && "$PYTHON" -m pytest -q -p no:cacheprovider "$@") || status=$?
+cd "$copy"
+set +e
+"$PYTHON" -m pytest -q -p no:cacheprovider --capture=sys --basetemp="$work/tmp" "$@" 2>&1 | tee "$work/pytest.log"
+status=${PIPESTATUS[0]}
+set -e
 
-if [ -n "$(ls -A "$reports")" ]; then
-    for report in "$reports"/*; do
-        echo "==== sanitizer report $(basename "$report")"
-        cat "$report"
-    done
-    echo "sanitized.sh: $(ls "$reports" | wc -l) sanitizer report(s) (above)" >&2
+REPORT='runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer|Sanitizer:DEADLYSIGNAL'
+found=$(grep -rlE "$REPORT" --include='*.log' "$work/pytest.log" "$work/tmp" 2>/dev/null || true)
+for report in $found "$reports"/*; do
+    [ -e "$report" ] || continue
+    echo "==== sanitizer report in $report"
+    grep -E -A30 "$REPORT" "$report" | head -60
+done
+if [ -n "$found" ] || [ -n "$(ls -A "$reports")" ]; then
+    echo "sanitized.sh: sanitizer reports (above); the copy is in $work" >&2
+    trap - EXIT
     exit 1
 fi
 [ "$status" = 0 ] || echo "sanitized.sh: the tests failed (no sanitizer report)" >&2
