@@ -6,7 +6,8 @@
 # sanitizer report. The checkout's own build is left as it is.
 #
 #   bash tools/sanitized.sh                      # the default set below
-#   bash tools/sanitized.sh tests/test_tarscan.py -k plain    # any pytest arguments instead
+#   bash tools/sanitized.sh --durations=10       # the default set, with these pytest options
+#   bash tools/sanitized.sh tests/test_tarscan.py -k plain    # other tests
 #
 # PYTHON: the interpreter with shardfs's dependencies (default python3). SANITIZED_KEEP=1 keeps the
 # copy and the reports (their directory is printed).
@@ -18,7 +19,9 @@ DEFAULT_TESTS=(
     tests/test_lowlevel.py tests/test_saved_view.py tests/test_disk_tier.py tests/test_lz4shard.py
     tests/test_datafiles.py tests/test_imagefolder.py tests/test_posix.py
 )
-[ $# -gt 0 ] || set -- "${DEFAULT_TESTS[@]}"
+# options alone (e.g. --durations=10): the default tests with them
+for arg in "$@"; do [ "${arg#-}" != "$arg" ] || { named=1; break; }; done
+[ -n "${named:-}" ] || set -- "${DEFAULT_TESTS[@]}" "$@"
 
 work=$(mktemp -d /tmp/shardfs-sanitized.XXXXXX)
 if [ "${SANITIZED_KEEP:-0}" = 1 ]; then
