@@ -256,16 +256,20 @@ typedef struct {
     size_t name_len, prefix_len, link_len; /* prefix_len: the ustar prefix, 0 where none */
 } Header;
 
-/* Header h read the plain way: 0, or -1 where tar.py must read it (a bad checksum, a number that
- * is not octal, a type other than a file, folder or link). */
-static int plain_header(const unsigned char *h, Header *out) {
+/* Header h's numbers read the plain way: 0, or -1 where tar.py must read it (a bad checksum, a
+ * number that is not octal). */
+static int plain_numbers(const unsigned char *h, Header *out) {
     if (!checksum_ok(h))
         return -1;
     out->size = octal(h + 124, 12);
     out->mode = octal(h + 100, 8);
     out->mtime = octal(h + 136, 12);
-    if (out->size < 0 || out->mode < 0 || out->mtime < 0)
-        return -1;
+    return out->size < 0 || out->mode < 0 || out->mtime < 0 ? -1 : 0;
+}
+
+/* Its kind and the lengths of its names: 0, or -1 where tar.py must read it (a type other than a
+ * file, folder or link). */
+static int plain_kind(const unsigned char *h, Header *out) {
     out->name_len = field_len(h, 100);
     int ustar_prefix = memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0;
     out->prefix_len = ustar_prefix ? field_len(h + 345, 155) : 0;
@@ -380,7 +384,7 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
             return STOP_CHUNK_END;
         const unsigned char *h = chunk + pos;
         Header hd;
-        if (plain_header(h, &hd) < 0)
+        if (plain_numbers(h, &hd) < 0)
             return STOP_PLAIN_WAY;
         int64_t data_at = base + (int64_t)pos + BLOCK;
         int64_t next = data_at + (hd.size + BLOCK - 1) / BLOCK * BLOCK;
@@ -392,6 +396,8 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         if ((size_t)(next - base) + BLOCK <= limit)
             for (int line = 0; line < BLOCK; line += 64)
                 __builtin_prefetch(chunk + (next - base) + line);
+        if (plain_kind(h, &hd) < 0)
+            return STOP_PLAIN_WAY;
         int small = hd.kind == KIND_FILE && hd.size <= small_max;
         if (small && data_at + hd.size > base + (int64_t)len)
             return STOP_CHUNK_END; /* its data (kept, see tar.py) is not all in this chunk */
