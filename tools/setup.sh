@@ -28,6 +28,11 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 
     apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
         libarchive-tools ca-certificates
 fi
+# clang-14 and its sanitizer and libFuzzer runtimes (libclang-rt-14-dev): the tar scanner's C
+# fuzzed with libFuzzer (tools/libfuzzer/run.sh, a short run in .ci/run)
+if ! command -v clang-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+    apt_install clang-14 libclang-rt-14-dev
+fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv
