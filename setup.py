@@ -14,6 +14,7 @@ The package's long description (what PyPI shows) is README.md with its relative 
 absolute against the repository named once in pyproject.toml's [project.urls]: relative links
 work on the repository's host but lead nowhere on PyPI."""
 
+import os
 import platform
 import re
 import sys
@@ -58,6 +59,13 @@ LOWLEVEL = "shardfs/fuse/lowlevel"
 OLD_DLOPEN = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
 # the oldest CPython the wheel serves: its limited API (0x030A0000) and its wheel tag (cp310)
 ABI3 = {"py_limited_api": True, "define_macros": [("Py_LIMITED_API", "0x030A0000")]}
+# SHARDFS_SANITIZE=1: every module built with AddressSanitizer and UndefinedBehaviorSanitizer, any
+# undefined behaviour fatal (no recovery); -O1 after each module's own -O (the last one counts) for
+# stacks that name the lines. For tests only (tools/sanitized.sh; docs/testing.md says how to run them).
+SANITIZE = os.environ.get("SHARDFS_SANITIZE", "") == "1"
+SANITIZE_COMPILE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g",
+                    "-O1"] if SANITIZE else []
+SANITIZE_LINK = ["-fsanitize=address,undefined"] if SANITIZE else []
 
 setup(
     long_description=long_description(),
@@ -68,19 +76,21 @@ setup(
         depends=[f"{LOWLEVEL}/lowlevel.h", f"{LOWLEVEL}/libfuse.h", "shardfs/pybuffer310.h"],
         # hidden: only PyInit__lowlevel is exported (nothing of ours can stand in for a libfuse symbol)
         extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden",
-                            "-Werror=implicit-function-declaration"],
+                            "-Werror=implicit-function-declaration"] + SANITIZE_COMPILE,
         # where glibc before 2.34 keeps dlopen and pthread_create (lowlevel.h binds them to their old
         # symbol versions); kept as needed also where the linker would drop them (newer glibc
         # resolves them in libc)
-        extra_link_args=["-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0"] if OLD_DLOPEN else [],
+        extra_link_args=(["-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0"] if OLD_DLOPEN else [])
+        + SANITIZE_LINK,
         **ABI3,
     ), Extension(
         "shardfs.formats._tarscan",
         sources=["shardfs/formats/_tarscan.c"],
         depends=["shardfs/pybuffer310.h"],
-        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"],  # -O3: the checksum loop vectorised
+        # -O3: the checksum loop vectorised
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"] + SANITIZE_COMPILE,
         # where glibc before 2.34 keeps the thread keys (_tarscan.c binds them to their old symbol version)
-        extra_link_args=["-Wl,--no-as-needed", "-l:libpthread.so.0"] if OLD_DLOPEN else [],
+        extra_link_args=(["-Wl,--no-as-needed", "-l:libpthread.so.0"] if OLD_DLOPEN else []) + SANITIZE_LINK,
         **ABI3,
     )],
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

@@ -174,8 +174,8 @@ def test_paths_with_the_inode_number_of_another_are_left_out_of_the_table(tmp_pa
     assert t.lookup(inode_number(b"x"), b"y") == inode_number(b"x/y")  # directories stay
 
 
-def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypatch):
-    """The loop trusts a table's indexes once it has it: each kind of wrong one is refused first."""
+def _table_arguments(tmp_path, monkeypatch) -> tuple[tuple, dict]:
+    """What table.build hands _lowlevel.Table for a small tree: root {x/, top.txt}, x {b.txt}."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.tar").write_bytes(archive(member(b"x/b.txt", b"1"), member(b"top.txt", b"2")))
@@ -185,6 +185,14 @@ def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypa
     table.build(view, table.Slots())
     monkeypatch.undo()
     [(args, kw)] = made
+    return args, kw
+
+
+def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypatch):
+    """The loop trusts a table's indexes once it has it (a saved view's arrays come from a file,
+    checked by CRC alone): each kind of wrong one is refused first, in bounds and in order."""
+    args, kw = _table_arguments(tmp_path, monkeypatch)
+    assert list(args[0]["child_start"]) == [0, 2, 3] and list(args[0]["dir_parent"]) == [0, 0]
     _lowlevel.Table(*args, **kw)  # as built: taken
 
     def refused(key: str, change) -> str:
@@ -202,7 +210,42 @@ def test_a_table_refuses_arrays_that_point_outside_themselves(tmp_path, monkeypa
     assert refused("children", lambda a: set_last(a, 1000)) == "a child is not a node"
     assert refused("by_ino", lambda a: set_last(a, 0)) == "by_ino must be strictly ascending and name nodes"
     assert refused("shard", lambda a: set_last(a, 7)) == "a member's shard is out of range"
-    assert refused("name_end", lambda a: set_last(a, 10**6)) == "name ends past the names"
+    assert refused("name_end", lambda a: set_last(a, 10**6)) == "member name ends go backwards or past the names"
+    # each index the loop follows, not only the last: bounds and order
+    assert refused("child_start", lambda a: np.array([0, 4, 3], a.dtype)) == "child_start goes backwards"
+    assert refused("dir_parent", lambda a: set_last(a, 2)) == "a directory's parent is not a directory"
+    backwards = "member name ends go backwards or past the names"
+    assert refused("name_end", lambda a: np.array([a[1] + 1, a[1]], a.dtype)) == backwards
+    assert refused("name_end", lambda a: np.array([-1, a[1]], a.dtype)) == backwards
+    assert refused("dir_name_end", lambda a: np.array([a[1] + 1, a[1]], a.dtype)) == \
+        "directory name ends go backwards or past the names"
+    assert refused("size", lambda a: set_last(a, -1)) == "a member's size or offset is out of range"
+    assert refused("offset", lambda a: set_last(a, -2)) == "a member's size or offset is out of range"
+    assert refused("offset", lambda a: set_last(a, 2**63 - 1)) == "a member's size or offset is out of range"
+
+
+def test_a_table_holds_the_buffers_it_reads_for_its_life(tmp_path, monkeypatch):
+    """The table keeps pointers into its arrays' memory: that memory can be neither moved (a
+    bytearray resized) nor unmapped (a saved view's mmap closed) while the table lives."""
+    import gc
+    import mmap
+
+    args, kw = _table_arguments(tmp_path, monkeypatch)
+    arrays = dict(args[0])
+    names = arrays["names"] = bytearray(arrays["names"])
+    mapped = mmap.mmap(-1, max(1, len(arrays["dir_names"])))
+    mapped[:len(arrays["dir_names"])] = arrays["dir_names"]
+    arrays["dir_names"] = mapped
+    t = _lowlevel.Table(arrays, *args[1:], **kw)
+    with pytest.raises(BufferError):
+        names.extend(b"x" * 4096)  # would move the names the table reads
+    with pytest.raises(BufferError):
+        mapped.close()  # would unmap the directory names
+    assert t.lookup(inode_number(b"x"), b"b.txt") == inode_number(b"x/b.txt")
+    del t
+    gc.collect()
+    names.extend(b"x")  # let go with the table
+    mapped.close()
 
 
 def test_a_slot_refuses_a_buffer_smaller_than_its_shard():
@@ -339,3 +382,4 @@ def test_without_a_lookup_or_with_pushes_off_reads_are_requests(tar_shards, samp
             assert hashlib.sha256(f.read()).hexdigest() == _sha(os.path.join(sample_tree, rel))
     stats = off.stats()
     assert stats["pushed_with_open"] == 0 and stats["fuse_ops"]["read"] >= len(names)
+

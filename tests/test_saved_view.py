@@ -1,6 +1,7 @@
 """Saved views (view/snapshot.py): a remount maps the view a mount saved, only while it is current."""
 
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -220,3 +221,59 @@ def test_an_index_kept_in_the_index_dir_maps_while_what_is_beside_the_shard_stay
     seen, log = _mounted(mount, src, "moved")
     assert "a.tar: the places its index is looked for first hold something else now" in log and MAPPED not in log
     assert seen == first
+
+
+def _saved_again_with(src, change) -> None:
+    """The saved view written again by its own writer, changed by ``change(table_arrays, tree)``
+    (the table's arrays by name, and the tree whose arrays are saved): every checksum good."""
+    path = _view_file(src)
+    with open(path, "rb") as f:
+        _, _, _, length = snapshot._HEADER.unpack(f.read(snapshot._HEADER.size))
+        key = json.loads(f.read(length))["key"]
+    index_dir = str(src.parent / "idx")
+    view, derived = snapshot.load(path, key, find_shards([str(src)]), index_dir)
+    arrays = {name: np.array(a) for name, a in derived.items()}
+    change(arrays, view.tree)
+    assert snapshot.save(path, key, view, arrays, index_dir)
+
+
+def test_a_saved_view_whose_arrays_do_not_hold_together_is_refused_and_made_again(tmp_path, mount):
+    """A saved view's arrays are trusted behind their CRCs alone: arrays that point outside
+    themselves (an edited file, a writer's bug) are refused by the table's checks before the loop
+    follows them, and the view is merged from the indexes and saved again."""
+    src = tmp_path / "src"
+    _shards(src)
+    first, _ = _mounted(mount, src, "first")
+
+    def parent_past_the_directories(arrays, tree):
+        arrays["dir_parent"][-1] = len(arrays["dir_parent"]) + 1000
+
+    def children_backwards(arrays, tree):
+        arrays["child_start"][1] = arrays["child_start"][-1] + 1
+
+    for change in (parent_past_the_directories, children_backwards):
+        _saved_again_with(src, change)
+        seen, log = _mounted(mount, src, change.__name__)
+        assert "not used: its arrays do not hold together" in log and MAPPED not in log
+        assert SAVED in log and seen == first
+        seen, log = _mounted(mount, src, change.__name__ + " again")  # the view saved anew is mapped
+        assert MAPPED in log and seen == first
+
+
+def test_mtimes_past_what_nanoseconds_hold_are_served_at_the_end_of_the_range(tmp_path, mount):
+    """Seconds as doubles (a saved view's, or an index's) cast to int64 nanoseconds would be
+    undefined past 2**63 ns: served at the end of the range instead (NaN as 0)."""
+    src = tmp_path / "src"
+    _shards(src)
+    _mounted(mount, src, "first")
+
+    def far_mtimes(arrays, tree):
+        tree.mtime = np.full(len(tree.mtime), float("nan"))
+        tree.mtime[:2] = [2.0**70, -2.0**70]
+
+    _saved_again_with(src, far_mtimes)
+    m = mount(src, options=("--index-dir", str(src.parent / "idx")), name="far")
+    assert MAPPED in m.log()
+    mtimes = sorted(os.lstat(os.path.join(folder, name)).st_mtime_ns
+                    for folder, dirs, files in os.walk(m.path) for name in files)
+    assert mtimes[0] == -9_200_000_000 * 10**9 and mtimes[-1] == 9_200_000_000 * 10**9 and mtimes[1] == 0

@@ -28,6 +28,13 @@ if ! command -v "$PYTHON" >/dev/null || ! command -v fusermount3 >/dev/null || !
     apt_install python3 fuse3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
         libarchive-tools ca-certificates
 fi
+# clang-14 and its sanitizer and libFuzzer runtimes (libclang-rt-14-dev): the tar scanner's C
+# fuzzed with libFuzzer (tools/libfuzzer/run.sh, a short run in .ci/run)
+if ! command -v clang-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+    # (Debian 12's; a release without clang-14, such as Debian 13, runs everything else)
+    apt_install clang-14 libclang-rt-14-dev \
+        || echo "setup.sh: no clang-14 in this distribution's archive: tools/libfuzzer/run.sh cannot build" >&2
+fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv

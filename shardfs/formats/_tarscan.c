@@ -59,6 +59,8 @@ typedef struct {
 } Buf;
 
 static int buf_add(Buf *b, const void *src, size_t n) {
+    if (n == 0) /* (src may be NULL then, and so may b->data: memcpy wants them valid even for 0) */
+        return 0;
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->len + n)
@@ -218,12 +220,27 @@ static void normal_span(const unsigned char *name, size_t len, int64_t *start, i
     *end = (int64_t)stop;
 }
 
+/* What scan() hands back, back to back (see the top of this file). */
+typedef struct {
+    Buf names, numbers, links, smalls, above;
+} Parsed;
+
+/* The parents parse has seen, to hash each folder once and emit the folders above it once. */
 enum { SEEN_SLOTS = 1024 };
 typedef struct {
     size_t at, len; /* in names */
     uint64_t hash;
     int used;
 } Seen;
+typedef struct {
+    /* the previous member's parent (in names): members of one folder often come together */
+    size_t prev_at, prev_len;
+    uint64_t prev_hash;
+    int have_prev;
+    /* parents seen in this call (direct-mapped): one folder's members apart from each other
+     * (a shuffled shard of many classes) hash it once; its folders above were emitted then */
+    Seen seen[SEEN_SLOTS];
+} Parents;
 
 static uint32_t fnv(const unsigned char *data, size_t len) {
     uint32_t h = 2166136261u;
@@ -232,18 +249,132 @@ static uint32_t fnv(const unsigned char *data, size_t len) {
     return h;
 }
 
-/* Parses from chunk[pos]; returns the reason it stopped and sets *stop. */
+/* A header tar.py would read the plain way, as parse uses it. */
+typedef struct {
+    int kind;
+    int64_t size, mode, mtime;
+    size_t name_len, prefix_len, link_len; /* prefix_len: the ustar prefix, 0 where none */
+} Header;
+
+/* Header h's numbers read the plain way: 0, or -1 where tar.py must read it (a bad checksum, a
+ * number that is not octal). */
+static int plain_numbers(const unsigned char *h, Header *out) {
+    if (!checksum_ok(h))
+        return -1;
+    out->size = octal(h + 124, 12);
+    out->mode = octal(h + 100, 8);
+    out->mtime = octal(h + 136, 12);
+    return out->size < 0 || out->mode < 0 || out->mtime < 0 ? -1 : 0;
+}
+
+/* Its kind and the lengths of its names: 0, or -1 where tar.py must read it (a type other than a
+ * file, folder or link). */
+static int plain_kind(const unsigned char *h, Header *out) {
+    out->name_len = field_len(h, 100);
+    int ustar_prefix = memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0;
+    out->prefix_len = ustar_prefix ? field_len(h + 345, 155) : 0;
+    unsigned char type = h[156];
+    if (type == '0' || type == 0 || type == '7') {
+        /* an old-style folder: a regular member whose (joined) name ends in "/" */
+        int slash = out->name_len ? h[out->name_len - 1] == '/' : out->prefix_len != 0;
+        out->kind = slash ? KIND_DIR : KIND_FILE;
+    } else if (type == '5')
+        out->kind = KIND_DIR;
+    else if (type == '2')
+        out->kind = KIND_SYMLINK;
+    else if (type == '1')
+        out->kind = KIND_HARDLINK;
+    else
+        return -1;
+    out->link_len = (out->kind == KIND_SYMLINK || out->kind == KIND_HARDLINK) ? field_len(h + 157, 100) : 0;
+    return 0;
+}
+
+/* The parent folder of the normal name at norm (in out->names, norm_start into the member's
+ * name): its path hash, and where it ends in row[F_PARENT_END]; the folders above it that the
+ * previous parent did not have go to out->above. -1 if out of memory. */
+static int parent_of(Parents *p, Parsed *out, const unsigned char *norm, size_t norm_len, int64_t norm_start,
+                     int64_t row[NFIELDS], uint64_t *parent_hash) {
+    size_t parent_len = 0;
+    for (size_t i = norm_len; i > 0; i--)
+        if (norm[i - 1] == '/') {
+            parent_len = i - 1;
+            row[F_PARENT_END] = norm_start + (int64_t)parent_len;
+            break;
+        }
+    const char *names = out->names.data;
+    size_t parent_at = (size_t)((const char *)norm - names);
+    Seen *slot = NULL;
+    if (p->have_prev && parent_len == p->prev_len && memcmp(names + p->prev_at, norm, parent_len) == 0)
+        *parent_hash = p->prev_hash;
+    else if ((slot = &p->seen[fnv(norm, parent_len) % SEEN_SLOTS])->used && slot->len == parent_len &&
+             memcmp(names + slot->at, norm, parent_len) == 0)
+        *parent_hash = slot->hash;
+    else {
+        *parent_hash = path_hash(norm, parent_len);
+        *slot = (Seen){parent_at, parent_len, *parent_hash, 1};
+        /* the folders above it, but those the previous parent had too (or was) */
+        const char *prev = names + p->prev_at;
+        int shared = p->have_prev;
+        for (size_t i = 0; i < parent_len; i++) {
+            if (norm[i] != '/')
+                continue;
+            shared = shared && i <= p->prev_len && (i == p->prev_len || prev[i] == '/') && memcmp(prev, norm, i) == 0;
+            if (shared)
+                continue;
+            uint64_t folder = path_hash(norm, i);
+            if (buf_add(&out->above, &folder, sizeof folder))
+                return -1;
+        }
+    }
+    p->prev_at = parent_at;
+    p->prev_len = parent_len;
+    p->prev_hash = *parent_hash;
+    p->have_prev = 1;
+    return 0;
+}
+
+/* The member of header h (its data at data_at of the shard; small: its data, kept, else NULL)
+ * added to out: its name, link, kept data and row of numbers. -1 if out of memory. */
+static int add_member(const unsigned char *h, const Header *hd, int64_t data_at, const unsigned char *small,
+                      Parents *p, Parsed *out) {
+    size_t name_at = out->names.len;
+    if (hd->prefix_len && (buf_add(&out->names, h + 345, hd->prefix_len) || buf_add(&out->names, "/", 1)))
+        return -1;
+    if (buf_add(&out->names, h, hd->name_len) || buf_add(&out->links, h + 157, hd->link_len) ||
+        (small && buf_add(&out->smalls, small, (size_t)hd->size)))
+        return -1;
+    int64_t row[NFIELDS];
+    const unsigned char *name = (const unsigned char *)out->names.data + name_at;
+    normal_span(name, out->names.len - name_at, &row[F_NORM_START], &row[F_NORM_END]);
+    row[F_KIND] = hd->kind;
+    row[F_OFFSET] = hd->kind == KIND_FILE ? data_at : 0;
+    row[F_SIZE] = hd->kind == KIND_FILE ? hd->size : hd->kind == KIND_SYMLINK ? (int64_t)hd->link_len : 0;
+    row[F_MODE] = hd->mode & 07777;
+    row[F_MTIME] = hd->mtime;
+    row[F_NAME_END] = (int64_t)out->names.len;
+    row[F_LINK_END] = (int64_t)out->links.len;
+    row[F_SMALL_END] = small ? (int64_t)out->smalls.len : -1;
+    row[F_PARENT_END] = NOT_NORMAL;
+    uint64_t hash = 0, parent_hash = 0;
+    if (row[F_NORM_START] >= 0) {
+        const unsigned char *norm = name + row[F_NORM_START];
+        size_t norm_len = (size_t)(row[F_NORM_END] - row[F_NORM_START]);
+        hash = path_hash(norm, norm_len);
+        if (parent_of(p, out, norm, norm_len, row[F_NORM_START], row, &parent_hash) < 0)
+            return -1;
+    }
+    memcpy(&row[F_HASH], &hash, sizeof hash);
+    memcpy(&row[F_PARENT_HASH], &parent_hash, sizeof parent_hash);
+    return buf_add(&out->numbers, row, sizeof row);
+}
+
+/* Parses from chunk[pos]; returns the reason it stopped and sets *stop (*failed: out of memory). */
 static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t base, int64_t shard_size,
-                 int64_t small_max, Buf *names, Buf *numbers, Buf *links, Buf *smalls, Buf *above, size_t *stop, int *failed) {
+                 int64_t small_max, Parsed *out, size_t *stop, int *failed) {
+    Parents parents;
+    memset(&parents, 0, sizeof parents);
     /* headers beyond the shard's end (a chunk is never longer than the shard) are not read */
-    /* the previous member's parent (in names): members of one folder often come together */
-    size_t prev_at = 0, prev_len = 0;
-    uint64_t prev_hash = 0;
-    int have_prev = 0;
-    /* parents seen in this call (direct-mapped): one folder's members apart from each other
-     * (a shuffled shard of many classes) hash it once; its folders above were emitted then */
-    Seen seen[SEEN_SLOTS];
-    memset(seen, 0, sizeof seen);
     size_t limit = len;
     if (shard_size - base < (int64_t)limit)
         limit = shard_size - base < 0 ? 0 : (size_t)(shard_size - base);
@@ -252,14 +383,11 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         if (pos + BLOCK > limit)
             return STOP_CHUNK_END;
         const unsigned char *h = chunk + pos;
-        if (!checksum_ok(h))
-            return STOP_PLAIN_WAY;
-        unsigned char type = h[156];
-        int64_t size = octal(h + 124, 12), mode = octal(h + 100, 8), mtime = octal(h + 136, 12);
-        if (size < 0 || mode < 0 || mtime < 0)
+        Header hd;
+        if (plain_numbers(h, &hd) < 0)
             return STOP_PLAIN_WAY;
         int64_t data_at = base + (int64_t)pos + BLOCK;
-        int64_t next = data_at + (size + BLOCK - 1) / BLOCK * BLOCK;
+        int64_t next = data_at + (hd.size + BLOCK - 1) / BLOCK * BLOCK;
         if (next > shard_size)
             return STOP_PLAIN_WAY; /* truncated: tar.py says what it cuts */
         /* the next header's cache lines asked for now, loaded while this member is hashed: the
@@ -268,101 +396,12 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
         if ((size_t)(next - base) + BLOCK <= limit)
             for (int line = 0; line < BLOCK; line += 64)
                 __builtin_prefetch(chunk + (next - base) + line);
-
-        size_t name_len = field_len(h, 100);
-        int ustar_prefix = memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0;
-        size_t prefix_len = ustar_prefix ? field_len(h + 345, 155) : 0;
-        int kind;
-        if (type == '0' || type == 0 || type == '7') {
-            /* an old-style folder: a regular member whose (joined) name ends in "/" */
-            int slash = name_len ? h[name_len - 1] == '/' : prefix_len != 0;
-            kind = slash ? KIND_DIR : KIND_FILE;
-        } else if (type == '5')
-            kind = KIND_DIR;
-        else if (type == '2')
-            kind = KIND_SYMLINK;
-        else if (type == '1')
-            kind = KIND_HARDLINK;
-        else
+        if (plain_kind(h, &hd) < 0)
             return STOP_PLAIN_WAY;
-        if (kind == KIND_FILE && size <= small_max && data_at + size > base + (int64_t)len)
+        int small = hd.kind == KIND_FILE && hd.size <= small_max;
+        if (small && data_at + hd.size > base + (int64_t)len)
             return STOP_CHUNK_END; /* its data (kept, see tar.py) is not all in this chunk */
-
-        size_t name_at = names->len;
-        if (prefix_len && (buf_add(names, h + 345, prefix_len) || buf_add(names, "/", 1))) {
-            *failed = 1;
-            return STOP_PLAIN_WAY;
-        }
-        size_t link_len = (kind == KIND_SYMLINK || kind == KIND_HARDLINK) ? field_len(h + 157, 100) : 0;
-        int small = kind == KIND_FILE && size <= small_max;
-        if (buf_add(names, h, name_len) || buf_add(links, h + 157, link_len) ||
-            (small && buf_add(smalls, chunk + (data_at - base), (size_t)size))) {
-            *failed = 1;
-            return STOP_PLAIN_WAY;
-        }
-        int64_t row[NFIELDS];
-        normal_span((const unsigned char *)names->data + name_at, names->len - name_at, &row[F_NORM_START],
-                    &row[F_NORM_END]);
-        row[F_KIND] = kind;
-        row[F_OFFSET] = kind == KIND_FILE ? data_at : 0;
-        row[F_SIZE] = kind == KIND_FILE ? size : kind == KIND_SYMLINK ? (int64_t)link_len : 0;
-        row[F_MODE] = mode & 07777;
-        row[F_MTIME] = mtime;
-        row[F_NAME_END] = (int64_t)names->len;
-        row[F_LINK_END] = (int64_t)links->len;
-        row[F_SMALL_END] = small ? (int64_t)smalls->len : -1;
-        uint64_t hash = row[F_NORM_START] >= 0 ? path_hash((const unsigned char *)names->data + name_at +
-                                                               row[F_NORM_START],
-                                                           (size_t)(row[F_NORM_END] - row[F_NORM_START]))
-                                               : 0;
-        memcpy(&row[F_HASH], &hash, sizeof hash);
-        uint64_t parent_hash = 0;
-        row[F_PARENT_END] = NOT_NORMAL;
-        if (row[F_NORM_START] >= 0) {
-            const unsigned char *norm = (const unsigned char *)names->data + name_at + row[F_NORM_START];
-            size_t norm_len = (size_t)(row[F_NORM_END] - row[F_NORM_START]), parent_len = 0;
-            for (size_t i = norm_len; i > 0; i--)
-                if (norm[i - 1] == '/') {
-                    parent_len = i - 1;
-                    row[F_PARENT_END] = row[F_NORM_START] + (int64_t)parent_len;
-                    break;
-                }
-            size_t parent_at = (size_t)(norm - (const unsigned char *)names->data);
-            Seen *slot = NULL;
-            if (have_prev && parent_len == prev_len && memcmp(names->data + prev_at, norm, parent_len) == 0)
-                parent_hash = prev_hash;
-            else if ((slot = &seen[fnv(norm, parent_len) % SEEN_SLOTS])->used && slot->len == parent_len &&
-                     memcmp(names->data + slot->at, norm, parent_len) == 0)
-                parent_hash = slot->hash;
-            else {
-                parent_hash = path_hash(norm, parent_len);
-                slot->at = parent_at;
-                slot->len = parent_len;
-                slot->hash = parent_hash;
-                slot->used = 1;
-                /* the folders above it, but those the previous parent had too (or was) */
-                const char *prev = names->data + prev_at;
-                int shared = have_prev;
-                for (size_t i = 0; i < parent_len; i++) {
-                    if (norm[i] != '/')
-                        continue;
-                    shared = shared && i <= prev_len && (i == prev_len || prev[i] == '/') && memcmp(prev, norm, i) == 0;
-                    if (shared)
-                        continue;
-                    uint64_t folder = path_hash(norm, i);
-                    if (buf_add(above, &folder, sizeof folder)) {
-                        *failed = 1;
-                        return STOP_PLAIN_WAY;
-                    }
-                }
-            }
-            prev_at = parent_at;
-            prev_len = parent_len;
-            prev_hash = parent_hash;
-            have_prev = 1;
-        }
-        memcpy(&row[F_PARENT_HASH], &parent_hash, sizeof parent_hash);
-        if (buf_add(numbers, row, sizeof row)) {
+        if (add_member(h, &hd, data_at, small ? chunk + (data_at - base) : NULL, &parents, out) < 0) {
             *failed = 1;
             return STOP_PLAIN_WAY;
         }
@@ -373,27 +412,31 @@ static int parse(const unsigned char *chunk, size_t len, size_t pos, int64_t bas
 /* Each thread's buffers for what scan() parses, kept from call to call (freed with the thread):
  * grown afresh for each chunk, they were new pages each time, faulted in (measured: ~100 page
  * faults a shard of 2,000 members, most of the scan's kernel time). */
-enum { SCRATCH_BUFS = 5, SCRATCH_KEPT = 16 << 20 };
-typedef struct {
-    Buf bufs[SCRATCH_BUFS];
-} Scratch;
+enum { SCRATCH_KEPT = 16 << 20 };
 static pthread_key_t scratch_key;
 
-static void scratch_free(void *p) {
-    Scratch *own = p;
-    for (int i = 0; i < SCRATCH_BUFS; i++)
-        free(own->bufs[i].data);
-    free(own);
+/* The buffers of p, to go over them all. */
+#define PARSED_BUFS(p) {&(p)->names, &(p)->numbers, &(p)->links, &(p)->smalls, &(p)->above}
+
+static void scratch_free(void *own) {
+    Parsed *p = own;
+    Buf *bufs[] = PARSED_BUFS(p);
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        free(bufs[i]->data);
+    free(p);
 }
 
-static Scratch *scratch(void) {
-    Scratch *own = pthread_getspecific(scratch_key);
+static Parsed *scratch(void) {
+    Parsed *own = pthread_getspecific(scratch_key);
     if (own == NULL && (own = calloc(1, sizeof *own)) != NULL && pthread_setspecific(scratch_key, own) != 0) {
         free(own);
         own = NULL;
     }
     return own;
 }
+
+/* y# of a Buf: its bytes, or "" (never NULL) when it holds none */
+#define BYTES_OF(b) (b).data ? (b).data : "", (Py_ssize_t)(b).len
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *chunk_obj;
@@ -411,71 +454,80 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "start outside the chunk");
         return NULL;
     }
-    Scratch *own = scratch();
-    if (own == NULL) {
+    Parsed *out = scratch();
+    if (out == NULL) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-    Buf *names = &own->bufs[0], *numbers = &own->bufs[1], *links = &own->bufs[2], *smalls = &own->bufs[3],
-        *above = &own->bufs[4];
-    for (int i = 0; i < SCRATCH_BUFS; i++)
-        own->bufs[i].len = 0;
+    Buf *bufs[] = PARSED_BUFS(out);
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        bufs[i]->len = 0;
     size_t stop = 0;
     int failed = 0, reason;
     Py_BEGIN_ALLOW_THREADS
-    reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max,
-                   names, numbers, links, smalls, above, &stop, &failed);
+    reason = parse((const unsigned char *)chunk, (size_t)len, (size_t)start, base, shard_size, small_max, out, &stop,
+                   &failed);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     PyObject *result = NULL;
     if (failed)
         PyErr_NoMemory();
     else
-        result = Py_BuildValue("(niy#y#y#y#y#)", (Py_ssize_t)stop, reason, names->data ? names->data : "",
-                               (Py_ssize_t)names->len, numbers->data ? numbers->data : "", (Py_ssize_t)numbers->len,
-                               links->data ? links->data : "", (Py_ssize_t)links->len, smalls->data ? smalls->data : "",
-                               (Py_ssize_t)smalls->len, above->data ? above->data : "", (Py_ssize_t)above->len);
-    for (int i = 0; i < SCRATCH_BUFS; i++)
-        if (own->bufs[i].cap > SCRATCH_KEPT) { /* a rare huge chunk's: not kept for the thread's life */
-            free(own->bufs[i].data);
-            own->bufs[i] = (Buf){0};
+        result = Py_BuildValue("(niy#y#y#y#y#)", (Py_ssize_t)stop, reason, BYTES_OF(out->names),
+                               BYTES_OF(out->numbers), BYTES_OF(out->links), BYTES_OF(out->smalls),
+                               BYTES_OF(out->above));
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]->cap > SCRATCH_KEPT) { /* a rare huge chunk's: not kept for the thread's life */
+            free(bufs[i]->data);
+            *bufs[i] = (Buf){0};
         }
     return result;
 }
 
 /* ---- plain_members: a shard's columns as index/plain.py keeps them (see there) ---- */
 
-/* A set of uint64 keys (path hashes), each with a value: open addressing, linear probing. */
+/* A set of path hashes (uint64), each with a value: open addressing, linear probing. */
 typedef struct {
     uint64_t *keys;
     int64_t *values;
     unsigned char *used;
     size_t mask;
-} Table;
+} NameSet;
 
-static int table_init(Table *t, size_t count) {
+static int nameset_init(NameSet *s, size_t count) {
     size_t cap = 16;
     while (cap < 2 * count)
         cap *= 2;
-    t->keys = malloc(cap * sizeof *t->keys);
-    t->values = malloc(cap * sizeof *t->values);
-    t->used = calloc(cap, 1);
-    t->mask = cap - 1;
-    return t->keys && t->values && t->used ? 0 : -1;
+    s->keys = malloc(cap * sizeof *s->keys);
+    s->values = malloc(cap * sizeof *s->values);
+    s->used = calloc(cap, 1);
+    s->mask = cap - 1;
+    return s->keys && s->values && s->used ? 0 : -1;
 }
 
-static void table_free(Table *t) {
-    free(t->keys);
-    free(t->values);
-    free(t->used);
+static void nameset_free(NameSet *s) {
+    free(s->keys);
+    free(s->values);
+    free(s->used);
 }
 
 /* The slot of ``key``: its own, or the empty one where it would go. */
-static size_t table_slot(const Table *t, uint64_t key) {
-    size_t at = (size_t)(key ^ (key >> 29)) & t->mask;
-    while (t->used[at] && t->keys[at] != key)
-        at = (at + 1) & t->mask;
+static size_t nameset_slot(const NameSet *s, uint64_t key) {
+    size_t at = (size_t)(key ^ (key >> 29)) & s->mask;
+    while (s->used[at] && s->keys[at] != key)
+        at = (at + 1) & s->mask;
     return at;
+}
+
+/* key put in the set (its value: value) where it is not yet; 0 where it was there already. */
+static int nameset_add(NameSet *s, uint64_t key, int64_t value) {
+    size_t at = nameset_slot(s, key);
+    if (s->used[at])
+        return 0;
+    s->used[at] = 1;
+    s->keys[at] = key;
+    s->values[at] = value;
+    return 1;
 }
 
 enum { PLAIN_OK = 0, PLAIN_NO = 1, PLAIN_NOMEM = 2 };
@@ -490,124 +542,152 @@ typedef struct {
     size_t ndirs;
 } Plain;
 
-static int plain_members_of(const char *names, size_t names_len, const int64_t *rows, size_t n,
-                            const uint64_t *above, size_t nabove, Plain *out) {
-    out->keep = malloc((n ? n : 1) * sizeof *out->keep);
-    out->name_end = malloc((n ? n : 1) * sizeof *out->name_end);
-    out->parent = malloc((n ? n : 1) * sizeof *out->parent);
-    int64_t *starts = malloc((n ? n : 1) * sizeof *starts);
-    Table seen = {0}, folders = {0}, taken = {0};
-    int status = PLAIN_NOMEM;
-    if (!out->keep || !out->name_end || !out->parent || !starts)
-        goto done;
-    /* files and folders only, every name normal ("./" itself, a folder, left out) */
-    status = PLAIN_NO;
-    for (size_t i = 0; i < n; i++) {
-        const int64_t *row = rows + i * NFIELDS;
+/* The scan's rows as plain_members_of works on them: the row of kept member k, and where its
+ * normal name starts among the normal names back to back (starts[k]: see normal_names). */
+typedef struct {
+    const char *names;
+    size_t names_len;
+    const int64_t *rows;
+    size_t n;
+    int64_t *starts;
+    const char *blob; /* the normal names back to back: names itself, or out->blob */
+} Rows;
+
+static const int64_t *kept_row(const Rows *r, const Plain *out, size_t k) { return r->rows + out->keep[k] * NFIELDS; }
+
+static uint64_t hash_field(const int64_t *row, int field) {
+    uint64_t hash;
+    memcpy(&hash, &row[field], sizeof hash);
+    return hash;
+}
+
+/* The length of a normal name's parent folder ("" for the root). */
+static int64_t parent_len(const int64_t *row) {
+    return row[F_PARENT_END] >= 0 ? row[F_PARENT_END] - row[F_NORM_START] : 0;
+}
+
+/* Files and folders only, every name normal: out->keep lists them ("./" itself, a folder, left out). */
+static int keep_rows(const Rows *r, Plain *out) {
+    for (size_t i = 0; i < r->n; i++) {
+        const int64_t *row = r->rows + i * NFIELDS;
         if (row[F_KIND] != KIND_FILE && row[F_KIND] != KIND_DIR)
-            goto done;
+            return PLAIN_NO;
         if (row[F_NORM_START] == NOT_NORMAL || (row[F_NORM_START] == ROOT && row[F_KIND] != KIND_DIR))
-            goto done;
+            return PLAIN_NO;
         if (row[F_NORM_START] != ROOT)
             out->keep[out->nkeep++] = (int64_t)i;
     }
-    /* no name twice (or two of one hash: replay.py compares the names) */
-    status = PLAIN_NOMEM;
-    if (table_init(&seen, out->nkeep) < 0)
-        goto done;
-    status = PLAIN_NO;
-    for (size_t k = 0; k < out->nkeep; k++) {
-        uint64_t hash;
-        memcpy(&hash, &rows[out->keep[k] * NFIELDS + F_HASH], sizeof hash);
-        size_t at = table_slot(&seen, hash);
-        if (seen.used[at])
-            goto done;
-        seen.used[at] = 1;
-        seen.keys[at] = hash;
+    return PLAIN_OK;
+}
+
+/* No name twice (nor two of one hash: replay.py compares the names). */
+static int names_distinct(const Rows *r, const Plain *out) {
+    NameSet seen;
+    int status = PLAIN_NOMEM;
+    if (nameset_init(&seen, out->nkeep) == 0) {
+        status = PLAIN_OK;
+        for (size_t k = 0; k < out->nkeep && status == PLAIN_OK; k++)
+            if (!nameset_add(&seen, hash_field(kept_row(r, out, k), F_HASH), 0))
+                status = PLAIN_NO;
     }
-    /* the normal forms back to back */
+    nameset_free(&seen);
+    return status;
+}
+
+/* The normal names back to back (r->blob, r->starts, out->name_end): the names as they are where
+ * they are that already, else a copy in out->blob. */
+static int normal_names(Rows *r, Plain *out) {
     int as_is = 1;
     int64_t end = 0;
     for (size_t k = 0; k < out->nkeep; k++) {
         size_t i = (size_t)out->keep[k];
-        const int64_t *row = rows + i * NFIELDS;
-        int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0, len = row[F_NORM_END] - row[F_NORM_START];
-        starts[k] = end;
+        const int64_t *row = r->rows + i * NFIELDS;
+        int64_t begin = i ? r->rows[(i - 1) * NFIELDS + F_NAME_END] : 0, len = row[F_NORM_END] - row[F_NORM_START];
+        r->starts[k] = end;
         end += len;
         out->name_end[k] = end;
-        as_is &= begin + row[F_NORM_START] == starts[k];
+        as_is &= begin + row[F_NORM_START] == r->starts[k];
     }
-    as_is &= out->nkeep > 0 && end == (int64_t)names_len;
-    const char *blob = names;
-    if (!as_is) {
-        status = PLAIN_NOMEM;
-        if ((out->blob = malloc(end ? (size_t)end : 1)) == NULL)
-            goto done;
-        for (size_t k = 0; k < out->nkeep; k++) {
-            size_t i = (size_t)out->keep[k];
-            int64_t begin = i ? rows[(i - 1) * NFIELDS + F_NAME_END] : 0;
-            memcpy(out->blob + starts[k], names + begin + rows[i * NFIELDS + F_NORM_START],
-                   (size_t)(out->name_end[k] - starts[k]));
-        }
-        blob = out->blob;
-    }
-    /* each member's folder, in order of first use: told apart by hash, each compared byte for
-     * byte with the first member of its hash (two folders of one hash: replay.py) */
-    status = PLAIN_NOMEM;
-    if (table_init(&folders, out->nkeep) < 0)
-        goto done;
+    as_is &= out->nkeep > 0 && end == (int64_t)r->names_len;
+    r->blob = r->names;
+    if (as_is)
+        return PLAIN_OK;
+    if ((out->blob = malloc(end ? (size_t)end : 1)) == NULL)
+        return PLAIN_NOMEM;
     for (size_t k = 0; k < out->nkeep; k++) {
-        const int64_t *row = rows + out->keep[k] * NFIELDS;
-        uint64_t hash;
-        memcpy(&hash, &row[F_PARENT_HASH], sizeof hash);
-        int64_t len = row[F_PARENT_END] >= 0 ? row[F_PARENT_END] - row[F_NORM_START] : 0;
-        size_t at = table_slot(&folders, hash);
-        if (folders.used[at]) {
-            size_t first = (size_t)folders.values[at];
-            const int64_t *first_row = rows + out->keep[first] * NFIELDS;
-            int64_t first_len = first_row[F_PARENT_END] >= 0 ? first_row[F_PARENT_END] - first_row[F_NORM_START] : 0;
-            if (len != first_len || memcmp(blob + starts[k], blob + starts[first], (size_t)len) != 0) {
-                status = PLAIN_NO;
-                goto done;
-            }
+        size_t i = (size_t)out->keep[k];
+        int64_t begin = i ? r->rows[(i - 1) * NFIELDS + F_NAME_END] : 0;
+        memcpy(out->blob + r->starts[k], r->names + begin + r->rows[i * NFIELDS + F_NORM_START],
+               (size_t)(out->name_end[k] - r->starts[k]));
+    }
+    r->blob = out->blob;
+    return PLAIN_OK;
+}
+
+/* Each member's folder (out->parent, out->dirs), in order of first use, into folders: told apart by
+ * hash, each compared byte for byte with the first member of its hash (two folders of one hash:
+ * replay.py). */
+static int assign_folders(const Rows *r, Plain *out, NameSet *folders) {
+    if (nameset_init(folders, out->nkeep) < 0)
+        return PLAIN_NOMEM;
+    for (size_t k = 0; k < out->nkeep; k++) {
+        const int64_t *row = kept_row(r, out, k);
+        uint64_t hash = hash_field(row, F_PARENT_HASH);
+        int64_t len = parent_len(row);
+        size_t at = nameset_slot(folders, hash);
+        if (folders->used[at]) {
+            size_t first = (size_t)folders->values[at];
+            if (len != parent_len(kept_row(r, out, first)) ||
+                memcmp(r->blob + r->starts[k], r->blob + r->starts[first], (size_t)len) != 0)
+                return PLAIN_NO;
             out->parent[k] = out->parent[first];
             continue;
         }
-        folders.used[at] = 1;
-        folders.keys[at] = hash;
-        folders.values[at] = (int64_t)k;
+        nameset_add(folders, hash, (int64_t)k);
         out->parent[k] = (uint32_t)out->ndirs++;
-        if ((out->ndirs > 1 && buf_add(&out->dirs, "", 1)) || buf_add(&out->dirs, blob + starts[k], (size_t)len))
-            goto done;
+        if ((out->ndirs > 1 && buf_add(&out->dirs, "", 1)) || buf_add(&out->dirs, r->blob + r->starts[k], (size_t)len))
+            return PLAIN_NOMEM;
     }
-    /* no file where a folder must be: a parent, or a folder above one (the scan's ``above``) */
-    if (table_init(&taken, out->ndirs + nabove) < 0)
-        goto done;
-    for (size_t at = 0; at <= folders.mask; at++)
-        if (folders.used[at]) {
-            size_t slot = table_slot(&taken, folders.keys[at]);
-            taken.used[slot] = 1;
-            taken.keys[slot] = folders.keys[at];
+    return PLAIN_OK;
+}
+
+/* No file where a folder must be: a parent (in folders), or a folder above one (the scan's ``above``). */
+static int no_file_on_a_folder(const Rows *r, const Plain *out, const NameSet *folders, const uint64_t *above,
+                               size_t nabove) {
+    NameSet taken;
+    int status = PLAIN_NOMEM;
+    if (nameset_init(&taken, out->ndirs + nabove) == 0) {
+        for (size_t at = 0; at <= folders->mask; at++)
+            if (folders->used[at])
+                nameset_add(&taken, folders->keys[at], 0);
+        for (size_t j = 0; j < nabove; j++)
+            nameset_add(&taken, above[j], 0);
+        status = PLAIN_OK;
+        for (size_t k = 0; k < out->nkeep && status == PLAIN_OK; k++) {
+            const int64_t *row = kept_row(r, out, k);
+            if (row[F_KIND] == KIND_FILE && taken.used[nameset_slot(&taken, hash_field(row, F_HASH))])
+                status = PLAIN_NO;
         }
-    for (size_t j = 0; j < nabove; j++) {
-        size_t slot = table_slot(&taken, above[j]);
-        taken.used[slot] = 1;
-        taken.keys[slot] = above[j];
     }
-    status = PLAIN_NO;
-    for (size_t k = 0; k < out->nkeep; k++) {
-        const int64_t *row = rows + out->keep[k] * NFIELDS;
-        uint64_t hash;
-        memcpy(&hash, &row[F_HASH], sizeof hash);
-        if (row[F_KIND] == KIND_FILE && taken.used[table_slot(&taken, hash)])
-            goto done;
-    }
-    status = PLAIN_OK;
-done:
-    free(starts);
-    table_free(&seen);
-    table_free(&folders);
-    table_free(&taken);
+    nameset_free(&taken);
+    return status;
+}
+
+static int plain_members_of(const char *names, size_t names_len, const int64_t *rows, size_t n,
+                            const uint64_t *above, size_t nabove, Plain *out) {
+    size_t room = n ? n : 1;
+    Rows r = {names, names_len, rows, n, malloc(room * sizeof(int64_t)), NULL};
+    out->keep = malloc(room * sizeof *out->keep);
+    out->name_end = malloc(room * sizeof *out->name_end);
+    out->parent = malloc(room * sizeof *out->parent);
+    NameSet folders = {0};
+    int status = PLAIN_NOMEM;
+    if (out->keep && out->name_end && out->parent && r.starts && (status = keep_rows(&r, out)) == PLAIN_OK &&
+        (status = names_distinct(&r, out)) == PLAIN_OK && (status = normal_names(&r, out)) == PLAIN_OK &&
+        (status = assign_folders(&r, out, &folders)) == PLAIN_OK)
+        status = no_file_on_a_folder(&r, out, &folders, above, nabove);
+    free(r.starts);
+    nameset_free(&folders);
     return status;
 }
 

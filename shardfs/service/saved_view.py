@@ -29,28 +29,38 @@ class SavedView:
         """Before the view is made: the layout's key is the options' (a merge widens its labels)."""
         self.index_dir = index_dir
         self.path, self.key = snapshot.place(sources, index_dir, layout, columns)
-        self._derived: dict | None = None  # the table's arrays: from the file, or to be saved
-        self._loaded = False
+        self._derived: dict | None = None  # the table's arrays to be saved
+        self._mapped = None  # the table made from the saved view's arrays (load)
         self._view: Dataset | None = None
         self._table = None
         self._writer: threading.Thread | None = None
 
-    def load(self, found: list[str]) -> Dataset | None:
+    def load(self, found: list[str], slots) -> Dataset | None:
+        """The saved view, its table made at once (``slots``: the mount's): arrays that do not hold
+        together behind good checksums (an edited file, a writer's bug) are refused by the table's
+        checks, and the view is merged from the indexes instead (None)."""
+        from shardfs.fuse import table  # (loads libfuse: imported by the daemon only once it mounts)
+
         got = snapshot.load(self.path, self.key, found, self.index_dir)
         if got is None:
             return None
-        view, self._derived = got
-        self._loaded = True
+        view, derived = got
+        try:
+            self._mapped = table.from_saved(view, slots, derived)
+        except ValueError as exc:
+            log.info("saved view %s not used: its arrays do not hold together (%s); merging the indexes and "
+                     "saving it again", self.path, exc)
+            return None
         log.info("view mapped from %s, saved by an earlier mount", self.path)
         return view
 
     def table(self, view: Dataset, slots):
-        """The request loop's table of ``view``: from the saved arrays when ``view`` was loaded."""
-        from shardfs.fuse import table  # (loads libfuse: imported by the daemon only once it mounts)
+        """The request loop's table of ``view``: the one made from the saved arrays when ``view`` was loaded."""
+        from shardfs.fuse import table
 
-        if self._loaded:
-            derived, self._derived = self._derived, None
-            return table.from_saved(view, slots, derived)
+        if self._mapped is not None:
+            mapped, self._mapped = self._mapped, None
+            return mapped
         if view.index_ids is None:
             return table.build(view, slots)
         built, self._derived = table.build_keeping(view, slots)

@@ -67,11 +67,16 @@ typedef struct {
     _Atomic uint64_t disk_hits, disk_bytes;
 } Slot;
 
+/* The buffers a Table holds (table.c: the two names and every array). */
+#define TABLE_HELD 20
+
 /* One view of the dataset (table.c). Node n: a directory if n < ndirs, else member n - ndirs. */
 typedef struct {
     PyObject_HEAD
     _Atomic int users;
-    PyObject *view, *keep; /* keep: the arrays below live in these objects */
+    PyObject *view;
+    Py_buffer held[TABLE_HELD]; /* the arrays below live in these buffers, held for the table's life */
+    int nheld, made;
     uint32_t ndirs, nmembers, nshards, nsorted, symlink_kind;
     uint32_t uid, gid;
     uint64_t files, total_size;

@@ -205,6 +205,13 @@ int64_t find_child(const Table *t, uint32_t d, const char *name) {
     return -1;
 }
 
+/* A member's mtime (seconds) in ns, within what an int64 holds, 0 for NaN: a tar's base-256 mtime
+ * may be far beyond it, and a double out of an integer's range is undefined when cast. */
+static int64_t mtime_ns_of(double seconds) {
+    double ns = seconds * 1e9, most = 9.2e18; /* (INT64_MAX is 9.22e18) */
+    return ns != ns ? 0 : ns > most ? (int64_t)most : ns < -most ? -(int64_t)most : (int64_t)ns;
+}
+
 void fill_stat(const Table *t, uint32_t n, struct stat *st) {
     memset(st, 0, sizeof *st);
     st->st_ino = t->ino[n];
@@ -223,7 +230,7 @@ void fill_stat(const Table *t, uint32_t n, struct stat *st) {
         st->st_nlink = 1;
         st->st_size = t->size[m];
         st->st_blocks = (t->size[m] + 511) / 512;
-        mtime_ns = (int64_t)(t->mtime[m] * 1e9);
+        mtime_ns = mtime_ns_of(t->mtime[m]);
     }
     st->st_mtim.tv_sec = mtime_ns / 1000000000;
     st->st_mtim.tv_nsec = mtime_ns % 1000000000;
@@ -234,48 +241,37 @@ void fill_stat(const Table *t, uint32_t n, struct stat *st) {
     st->st_atim = st->st_ctim = st->st_mtim;
 }
 
-/* The buffer of arrays[name] (flags as PyObject_GetBuffer's), and the object in *obj. */
-static int get_buffer(PyObject *arrays, const char *name, int flags, Py_buffer *view, PyObject **obj) {
-    *obj = PyDict_GetItemString(arrays, name);
-    if (*obj == NULL) {
+/* The buffer of arrays[name] (flags as PyObject_GetBuffer's) in *view. */
+static int get_buffer(PyObject *arrays, const char *name, int flags, Py_buffer *view) {
+    PyObject *obj = PyDict_GetItemString(arrays, name);
+    if (obj == NULL) {
         PyErr_Format(PyExc_KeyError, "table array %s missing", name);
         return -1;
     }
-    return PyObject_GetBuffer(*obj, view, flags);
+    return PyObject_GetBuffer(obj, view, flags);
 }
 
-/* The memory of arrays[name] (any length: bytes, or a read-only map of a saved view,
- * view/snapshot.py), the object kept in keep for the table's life. */
-static int take_bytes(PyObject *arrays, const char *name, const char **out, Py_ssize_t *len, PyObject *keep) {
-    Py_buffer view;
-    PyObject *obj;
-    if (get_buffer(arrays, name, PyBUF_SIMPLE, &view, &obj) < 0)
-        return -1;
-    *out = view.buf;
-    *len = view.len;
-    int rc = PyList_Append(keep, obj);
-    PyBuffer_Release(&view);
-    return rc;
-}
-
-/* Fields: (name, address of the pointer, element size). Each array must hold count elements. */
-static int take_array(PyObject *arrays, const char *name, const void **out, Py_ssize_t itemsize,
-                      Py_ssize_t count, PyObject *keep) {
-    Py_buffer view;
-    PyObject *obj;
-    if (get_buffer(arrays, name, PyBUF_C_CONTIGUOUS, &view, &obj) < 0)
-        return -1;
-    if (view.len != count * itemsize) {
-        PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "table array %s: %zd bytes, expected %zd", name, view.len, count * itemsize);
-        return -1;
+/* arrays[name]'s buffer, held by the table until it is freed (table_dealloc): while a buffer is
+ * held, its memory stays where the loop's pointers say (a bytearray cannot be resized, a saved
+ * view's map, view/snapshot.py, cannot be closed). NULL with an exception set if there is none. */
+static Py_buffer *hold(Table *t, PyObject *arrays, const char *name, int flags) {
+    if (t->nheld == TABLE_HELD) { /* (never: TABLE_HELD counts what table_init takes) */
+        PyErr_SetString(PyExc_RuntimeError, "a table holds more arrays than TABLE_HELD");
+        return NULL;
     }
-    *out = view.buf;
-    /* The object stays referenced in keep (a list) for the table's life: its memory stays put.
-     * Without keep, *out is good until the caller returns (it copies the array). */
-    int rc = keep ? PyList_Append(keep, obj) : 0;
-    PyBuffer_Release(&view);
-    return rc;
+    Py_buffer *view = &t->held[t->nheld];
+    if (get_buffer(arrays, name, flags, view) < 0)
+        return NULL;
+    t->nheld++;
+    return view;
+}
+
+/* A ValueError unless view holds count elements of itemsize bytes. */
+static int check_length(const Py_buffer *view, const char *name, Py_ssize_t itemsize, Py_ssize_t count) {
+    if (view->len == count * itemsize)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "table array %s: %zd bytes, expected %zd", name, view->len, count * itemsize);
+    return -1;
 }
 
 /* The arrays a Table keeps, by the name of its field (and of the key in the arrays dict), with the
@@ -294,104 +290,120 @@ static const struct {
     ARRAY(shard, MEMBERS),     ARRAY(mode, MEMBERS),    ARRAY(kind, MEMBERS),       ARRAY(mtime, MEMBERS),
     ARRAY(shard_raw, SHARDS),
 };
+_Static_assert(2 + sizeof ARRAYS / sizeof *ARRAYS + 1 == TABLE_HELD, "TABLE_HELD: the names, ARRAYS, children");
 
-/* Every index in the arrays points into them (the loop trusts them from then on); a ValueError if not. */
-static int check_arrays(const Table *t, const uint32_t *children, uint32_t nchildren, Py_ssize_t dir_names_len,
-                        Py_ssize_t names_len) {
-    uint64_t nn = (uint64_t)t->ndirs + t->nmembers;
-    const char *wrong = NULL;
-    if (t->dir_name_end[t->ndirs - 1] > dir_names_len || (t->nmembers && t->name_end[t->nmembers - 1] > names_len))
-        wrong = "name ends past the names";
-    for (uint32_t i = 0; !wrong && i < nchildren; i++)
-        if (children[i] >= nn)
-            wrong = "a child is not a node";
-    for (uint32_t i = 0; !wrong && i < t->nsorted; i++)
-        if (t->by_ino_node[i] >= nn || (i && t->by_ino[i - 1] >= t->by_ino[i]))
-            wrong = "by_ino must be strictly ascending and name nodes";
-    for (uint32_t i = 0; !wrong && i < t->nmembers; i++)
-        if (t->shard[i] >= t->nshards)
-            wrong = "a member's shard is out of range";
-    if (wrong)
-        PyErr_SetString(PyExc_ValueError, wrong);
-    return wrong ? -1 : 0;
+/* The names and every array of ARRAYS, held; *dir_names_len and *names_len: the names' lengths. */
+static int take_arrays(Table *t, PyObject *arrays, Py_ssize_t *dir_names_len, Py_ssize_t *names_len) {
+    Py_buffer *dir_names = hold(t, arrays, "dir_names", PyBUF_SIMPLE);
+    Py_buffer *names = dir_names ? hold(t, arrays, "names", PyBUF_SIMPLE) : NULL;
+    if (names == NULL)
+        return -1;
+    t->dir_names = dir_names->buf;
+    *dir_names_len = dir_names->len;
+    t->names = names->buf;
+    *names_len = names->len;
+    Py_ssize_t nn = (Py_ssize_t)t->ndirs + t->nmembers;
+    const Py_ssize_t counts[] = {[NODES] = nn,           [SORTED] = t->nsorted,  [DIRS] = t->ndirs,
+                                 [DIRS_1] = t->ndirs + 1, [MEMBERS] = t->nmembers, [SHARDS] = t->nshards};
+    for (size_t i = 0; i < sizeof ARRAYS / sizeof *ARRAYS; i++) {
+        Py_buffer *view = hold(t, arrays, ARRAYS[i].name, PyBUF_C_CONTIGUOUS);
+        if (view == NULL || check_length(view, ARRAYS[i].name, ARRAYS[i].itemsize, counts[ARRAYS[i].count]) < 0)
+            return -1;
+        *(const void **)((char *)t + ARRAYS[i].field) = view->buf;
+    }
+    return 0;
 }
 
-static int table_init(Table *t, PyObject *args, PyObject *kwds) {
-    PyObject *arrays, *view, *slots;
-    unsigned int ndirs, nmembers, nshards, nsorted, symlink_kind, uid, gid;
-    unsigned long long files, total;
-    int children_sorted = 0;
-    static char *kwlist[] = {"arrays", "view", "slots", "ndirs", "nmembers", "nsorted", "symlink_kind",
-                             "uid", "gid", "files", "total_size", "children_sorted", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!IIIIIIKK|p", kwlist, &PyDict_Type, &arrays, &view,
-                                     &PyTuple_Type, &slots, &ndirs, &nmembers, &nsorted, &symlink_kind, &uid,
-                                     &gid, &files, &total, &children_sorted))
-        return -1;
-    if (ndirs == 0) {
-        PyErr_SetString(PyExc_ValueError, "a table has at least the root directory");
-        return -1;
+/* ends (of n names back to back in len bytes) neither go backwards nor past the names. */
+static int ends_in_order(const int64_t *ends, uint32_t n, Py_ssize_t len) {
+    int64_t previous = 0;
+    for (uint32_t i = 0; i < n; previous = ends[i++])
+        if (ends[i] < previous)
+            return 0;
+    return previous <= len;
+}
+
+/* More than any member's size or offset (4 EiB): offset + size, and the kernel's offset added to
+ * them, stay far from overflowing an int64. */
+#define MEMBER_BYTES_MAX ((int64_t)1 << 62)
+
+/* What is wrong with the arrays' indexes (but the children's: wrong_child), or NULL: every index
+ * the loop follows points into the arrays it indexes, and every range it takes (a name, a
+ * directory's children) is one. */
+static const char *wrong_index(const Table *t, Py_ssize_t dir_names_len, Py_ssize_t names_len) {
+    uint64_t nn = (uint64_t)t->ndirs + t->nmembers;
+    if (!ends_in_order(t->dir_name_end, t->ndirs, dir_names_len))
+        return "directory name ends go backwards or past the names";
+    if (!ends_in_order(t->name_end, t->nmembers, names_len))
+        return "member name ends go backwards or past the names";
+    for (uint32_t d = 0; d < t->ndirs; d++) {
+        if (t->child_start[d] > t->child_start[d + 1]) /* (child_start[ndirs]: how many children) */
+            return "child_start goes backwards";
+        if (t->dir_parent[d] >= t->ndirs)
+            return "a directory's parent is not a directory";
     }
-    nshards = (unsigned int)PyTuple_Size(slots);
-    t->keep = PyList_New(0);
-    if (t->keep == NULL)
-        return -1;
-    Py_ssize_t dir_names_len, names_len;
-    if (take_bytes(arrays, "dir_names", &t->dir_names, &dir_names_len, t->keep) < 0 ||
-        take_bytes(arrays, "names", &t->names, &names_len, t->keep) < 0)
-        return -1;
-    Py_ssize_t nn = (Py_ssize_t)ndirs + nmembers;
-    const Py_ssize_t counts[] = {[NODES] = nn,         [SORTED] = nsorted,    [DIRS] = ndirs,
-                                 [DIRS_1] = ndirs + 1, [MEMBERS] = nmembers, [SHARDS] = nshards};
-    for (size_t i = 0; i < sizeof ARRAYS / sizeof *ARRAYS; i++)
-        if (take_array(arrays, ARRAYS[i].name, (const void **)((char *)t + ARRAYS[i].field), ARRAYS[i].itemsize,
-                       counts[ARRAYS[i].count], t->keep) < 0)
-            return -1;
-    const void *children;
-    uint32_t nchildren = t->child_start[ndirs];
-    /* Children sorted already (a saved view) are used where they are; else sorted in a copy. */
-    if (take_array(arrays, "children", &children, 4, nchildren, children_sorted ? t->keep : NULL) < 0)
-        return -1;
-    t->ndirs = ndirs;
-    t->nmembers = nmembers;
-    t->nshards = nshards;
-    t->nsorted = nsorted;
-    if (check_arrays(t, children, nchildren, dir_names_len, names_len) < 0)
-        return -1;
-    t->slots = PyMem_Calloc(nshards ? nshards : 1, sizeof(Slot *));
-    t->unread = PyMem_Calloc(nmembers / 8 + 1, 1);
-    if (t->slots == NULL || t->unread == NULL) {
-        PyErr_NoMemory();
-        return -1;
+    for (uint32_t i = 0; i < t->nsorted; i++)
+        if (t->by_ino_node[i] >= nn || (i && t->by_ino[i - 1] >= t->by_ino[i]))
+            return "by_ino must be strictly ascending and name nodes";
+    for (uint32_t m = 0; m < t->nmembers; m++) {
+        if (t->shard[m] >= t->nshards)
+            return "a member's shard is out of range";
+        /* The loop reads offsets only in shards whose members are byte ranges of them (another
+         * format's may be its own, parquet.VIRTUAL); -1 there: not one byte range (fast_bytes). */
+        int64_t offset = t->offset[m];
+        if (t->size[m] < 0 || t->size[m] > MEMBER_BYTES_MAX ||
+            (t->shard_raw[t->shard[m]] && (offset < -1 || offset > MEMBER_BYTES_MAX)))
+            return "a member's size or offset is out of range";
     }
+    return NULL;
+}
+
+/* The same for the children (taken by take_children once child_start is known to be in order). */
+static const char *wrong_child(const Table *t) {
+    uint64_t nn = (uint64_t)t->ndirs + t->nmembers;
+    for (uint32_t i = 0; i < t->child_start[t->ndirs]; i++)
+        if (t->children[i] >= nn)
+            return "a child is not a node";
+    return NULL;
+}
+
+/* The children: held where they are when sorted already (a saved view's), else a sorted copy. */
+static int take_children(Table *t, PyObject *arrays, int children_sorted) {
+    uint32_t nchildren = t->child_start[t->ndirs];
     if (children_sorted) {
-        /* Not checked again (that touched every name: 0.25 s at 4M members): the saved view's
-         * bytes were checked whole, and a child out of order could only make a lookup miss (a
-         * lookup compares whole names), never answer another file. */
-        t->children = children;
-    } else { /* our own sorted copy: lookups are a binary search by name within the directory */
-        t->own_children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
-        if (t->own_children == NULL) {
-            PyErr_NoMemory();
+        Py_buffer *view = hold(t, arrays, "children", PyBUF_C_CONTIGUOUS);
+        if (view == NULL || check_length(view, "children", 4, nchildren) < 0)
             return -1;
-        }
-        memcpy(t->own_children, children, nchildren * sizeof(uint32_t));
-        t->children = t->own_children;
+        t->children = view->buf;
+        return 0;
     }
-    t->symlink_kind = symlink_kind;
-    t->uid = uid;
-    t->gid = gid;
-    t->files = files;
-    t->total_size = total;
-    int sorted = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (!children_sorted)
-        sorted = sort_all_children(t, ndirs);
-    Py_END_ALLOW_THREADS
-    if (sorted < 0) {
+    Py_buffer view;
+    if (get_buffer(arrays, "children", PyBUF_C_CONTIGUOUS, &view) < 0)
+        return -1;
+    if (check_length(&view, "children", 4, nchildren) < 0) {
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    t->own_children = PyMem_Malloc((nchildren ? nchildren : 1) * sizeof(uint32_t));
+    if (t->own_children == NULL) {
+        PyBuffer_Release(&view);
         PyErr_NoMemory();
         return -1;
     }
-    for (uint32_t s = 0; s < nshards; s++) {
+    memcpy(t->own_children, view.buf, nchildren * sizeof(uint32_t));
+    PyBuffer_Release(&view);
+    t->children = t->own_children;
+    return 0;
+}
+
+/* Each shard's Slot (or None) from the tuple slots, referenced. */
+static int take_slots(Table *t, PyObject *slots) {
+    t->slots = PyMem_Calloc(t->nshards ? t->nshards : 1, sizeof(Slot *));
+    if (t->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t s = 0; s < t->nshards; s++) {
         PyObject *slot = PyTuple_GetItem(slots, s);
         if (slot == Py_None)
             continue;
@@ -402,6 +414,70 @@ static int table_init(Table *t, PyObject *args, PyObject *kwds) {
         Py_INCREF(slot);
         t->slots[s] = (Slot *)slot;
     }
+    return 0;
+}
+
+static int table_init(Table *t, PyObject *args, PyObject *kwds) {
+    PyObject *arrays, *view, *slots;
+    unsigned int ndirs, nmembers, nsorted, symlink_kind, uid, gid;
+    unsigned long long files, total;
+    int children_sorted = 0;
+    static char *kwlist[] = {"arrays", "view", "slots", "ndirs", "nmembers", "nsorted", "symlink_kind",
+                             "uid", "gid", "files", "total_size", "children_sorted", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!IIIIIIKK|p", kwlist, &PyDict_Type, &arrays, &view,
+                                     &PyTuple_Type, &slots, &ndirs, &nmembers, &nsorted, &symlink_kind, &uid,
+                                     &gid, &files, &total, &children_sorted))
+        return -1;
+    if (t->made) { /* the loop may be reading it: its arrays stay as they are */
+        PyErr_SetString(PyExc_RuntimeError, "a table is made once");
+        return -1;
+    }
+    t->made = 1;
+    if (ndirs == 0 || (uint64_t)ndirs + nmembers > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a table has the root directory and at most 2**32 - 1 nodes");
+        return -1;
+    }
+    t->ndirs = ndirs;
+    t->nmembers = nmembers;
+    t->nsorted = nsorted;
+    t->nshards = (uint32_t)PyTuple_Size(slots);
+    Py_ssize_t dir_names_len, names_len;
+    if (take_arrays(t, arrays, &dir_names_len, &names_len) < 0)
+        return -1;
+    const char *wrong = wrong_index(t, dir_names_len, names_len);
+    if (wrong == NULL) { /* (child_start in order: its last is how many children there are) */
+        if (take_children(t, arrays, children_sorted) < 0)
+            return -1;
+        wrong = wrong_child(t);
+    }
+    if (wrong) {
+        PyErr_SetString(PyExc_ValueError, wrong);
+        return -1;
+    }
+    t->unread = PyMem_Calloc(nmembers / 8 + 1, 1);
+    if (t->unread == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->symlink_kind = symlink_kind;
+    t->uid = uid;
+    t->gid = gid;
+    t->files = files;
+    t->total_size = total;
+    /* Children sorted already (a saved view's) are not checked again (that touched every name:
+     * 0.25 s at 4M members): the saved view's bytes were checked whole, and a child out of order
+     * could only make a lookup miss (a lookup compares whole names), never answer another file. */
+    int sorted = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (!children_sorted)
+        sorted = sort_all_children(t, ndirs);
+    Py_END_ALLOW_THREADS
+    if (sorted < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (take_slots(t, slots) < 0)
+        return -1;
     Py_INCREF(view);
     t->view = view;
     return 0;
@@ -441,7 +517,8 @@ static void table_dealloc(Table *t) {
     PyMem_Free(t->own_children);
     PyMem_Free((void *)t->unread);
     Py_XDECREF(t->view);
-    Py_XDECREF(t->keep);
+    for (int i = 0; i < t->nheld; i++)
+        PyBuffer_Release(&t->held[i]);
     free_object((PyObject *)t);
 }
 
