@@ -25,8 +25,9 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 
     # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
+    # zip/unzip/p7zip-full: the zip writers and extractors of test_zip.py; fuse-zip: bench_zip.py's peer
     apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
-        libarchive-tools ca-certificates
+        libarchive-tools ca-certificates zip unzip p7zip-full fuse-zip
 fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
