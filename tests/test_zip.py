@@ -457,3 +457,25 @@ def test_hypothesis_tree_through_zipfile(tmp_path, files):
     clash = {n for n in expected if any(o.startswith(n + b"/") for o in expected)}
     involved = clash | {o for o in expected for n in clash if o.startswith(n + b"/")}
     assert served <= set(expected) and set(expected) - involved <= served
+
+
+def test_columns_path_equals_replay(tmp_path):
+    """A zip of plain members is indexed from columns (index/plain.py); the same members as records
+    through index/replay.py give the same index."""
+    from shardfs.index import plain, replay
+
+    path = tmp_path / "plain.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.mkdir("top")
+        for i in range(300):
+            z.writestr(f"top/c{i % 7}/{i}.bin", os.urandom(i), compress_type=(zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)[i % 2])
+    with opened(path) as shard:
+        columns = zipformat.FORMAT.scan(shard, columns=True).columns
+        assert plain.members(columns, None) is not None
+        ix = shard_index.build(shard)
+        records = {r.path: r for r in replay.extracted(zipformat.FORMAT.scan(shard).members, None, print)}
+    assert len(ix) == len(records) == 301  # the folders c0..c6 have no entries: the tree makes them
+    for i in range(len(ix)):
+        r = records[ix.name(i)]
+        assert (r.kind, r.offset, r.size, r.mode, r.mtime) == (ix.kind[i], ix.offset[i], ix.size[i], ix.mode[i],
+                                                               ix.mtime[i])

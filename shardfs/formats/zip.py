@@ -154,30 +154,67 @@ class Entries:
     local: np.ndarray  # int64: the local header's offset in the shard (shift applied)
     mtime: np.ndarray  # float64: the extended timestamp, NaN where none
     names: list[bytes]  # as stored
+    raw: np.ndarray  # uint8: the central directory they were read from
+    name_at: np.ndarray  # int64: where each name is in ``raw``
 
 
-_GATHER = 1 << 16  # entries gathered at a time: index arrays of a few MiB, however many entries
-
-
-def _gather(buf: np.ndarray, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Records of ``dtype`` at byte offsets ``starts`` of ``buf``."""
+def _gather(data: bytes, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Records of ``dtype`` at byte offsets ``starts`` of ``data`` (in chunks: index arrays of a few
+    MiB however many there are)."""
+    buf = np.frombuffer(data, np.uint8)
     out = np.empty(len(starts), dtype)
     step = np.arange(dtype.itemsize)
-    for i in range(0, len(starts), _GATHER):
-        out[i : i + _GATHER] = buf[starts[i : i + _GATHER, None] + step].view(dtype).reshape(-1)
+    raw = out.view(np.uint8).reshape(len(starts), dtype.itemsize)
+    for i in range(0, len(starts), 1 << 16):
+        np.take(buf, starts[i : i + (1 << 16), None] + step, out=raw[i : i + (1 << 16)])
     return out
 
 
-def _int(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+def _int(data: bytes, at: np.ndarray, width: int) -> np.ndarray:
     """Little-endian unsigned integers of ``width`` bytes at ``at``."""
-    return _gather(buf, at, np.dtype(f"<u{width}")).astype(np.int64)
+    return _gather(data, at, np.dtype(f"<u{width}")).astype(np.int64)
 
 
-def walk(cd: bytes, count: int) -> tuple[np.ndarray, list[bytes]]:
-    """Where each of ``count`` entries starts in ``cd`` (each one's lengths give the next), and its name."""
+def _ragged_equal(a: np.ndarray, a_at: np.ndarray, b: np.ndarray, b_at: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """For each i, whether a[a_at[i]:][:lengths[i]] == b[b_at[i]:][:lengths[i]] (in chunks: index
+    arrays of a few MiB however many there are)."""
+    same = np.ones(len(lengths), bool)
+    for i in range(0, len(lengths), 1 << 16):
+        n = lengths[i : i + (1 << 16)]
+        total = int(n.sum())
+        if not total:
+            continue
+        ends = np.cumsum(n)
+        within = np.arange(total, dtype=np.int64) - np.repeat(ends - n, n)
+        differ = a[np.repeat(a_at[i : i + (1 << 16)], n) + within] != b[np.repeat(b_at[i : i + (1 << 16)], n) + within]
+        if differ.any():
+            same[i + np.searchsorted(ends, np.flatnonzero(differ), side="right")] = False
+    return same
+
+
+def _chain(cd: bytes, count: int) -> np.ndarray | None:
+    """The entries' starts found at once: every place the entry signature appears, kept if each one's
+    lengths lead to the next (else a signature inside a name or extra field: None, walk them)."""
+    if not count or len(cd) < _CENTRAL_SIZE:
+        return None
+    found = [np.flatnonzero(np.frombuffer(cd, "<u4", (len(cd) - k) // 4, k) == _CENTRAL) * 4 + k for k in range(4)]
+    starts = np.sort(np.concatenate(found))
+    starts = starts[starts + _CENTRAL_SIZE <= len(cd)]
+    if len(starts) != count or not count or starts[0] != 0:
+        return None
+    lengths = _gather(cd, starts + 28, np.dtype([("n", "<u2"), ("e", "<u2"), ("c", "<u2")]))
+    after = starts + _CENTRAL_SIZE + lengths["n"] + lengths["e"] + lengths["c"]
+    if np.any(after[:-1] != starts[1:]) or after[-1] > len(cd):
+        return None
+    return starts
+
+
+def walk(cd: bytes, count: int) -> np.ndarray:
+    """Where each of ``count`` entries starts in ``cd``: each one's lengths give the next."""
+    found = _chain(cd, count)
+    if found is not None:
+        return found
     starts = np.empty(count, np.int64)
-    names: list[bytes] = []
-    add = names.append
     lengths = struct.Struct("<HHH").unpack_from
     pos, end = 0, len(cd)
     for i in range(count):
@@ -185,21 +222,20 @@ def walk(cd: bytes, count: int) -> tuple[np.ndarray, list[bytes]]:
             raise ShardFormatError(f"central directory cut off at entry {i} of {count}")
         starts[i] = pos
         n, e, c = lengths(cd, pos + 28)
-        add(cd[pos + _CENTRAL_SIZE : pos + _CENTRAL_SIZE + n])
         pos += _CENTRAL_SIZE + n + e + c
     if pos > end:
         raise ShardFormatError(f"central directory cut off in entry {count - 1}")
-    return starts, names
+    return starts
 
 
-def read_entries(cd: bytes, base: int, starts: np.ndarray, names: list[bytes], shift: int) -> Entries:
+def read_entries(cd: bytes, base: int, starts: np.ndarray, shift: int) -> Entries:
     """Entries at ``starts`` of ``cd`` (which lies at ``base`` in the shard), zip64 and extended
     timestamp extra fields applied."""
-    buf = np.frombuffer(cd, np.uint8)
-    fixed = _gather(buf, starts, _CENTRAL_DTYPE)
+    fixed = _gather(cd, starts, _CENTRAL_DTYPE)
     bad = np.flatnonzero(fixed["sig"] != _CENTRAL)
     if len(bad):
         raise ShardFormatError(f"central directory entry {int(bad[0])} has a bad signature")
+    buf = np.frombuffer(cd, np.uint8)
     csize, usize = fixed["csize"].astype(np.int64), fixed["usize"].astype(np.int64)
     local = fixed["local"].astype(np.int64)
     mtime = np.full(len(starts), np.nan)
@@ -211,20 +247,22 @@ def read_entries(cd: bytes, base: int, starts: np.ndarray, names: list[bytes], s
         if not len(live):
             break
         at = pos[live]
-        tag, size = _int(buf, at, 2), _int(buf, at + 2, 2)
+        tag, size = _int(cd, at, 2), _int(cd, at + 2, 2)
         inside = at + 4 + size <= end[live]
         pos[live[~inside]] = end[live[~inside]]  # a field running past the extra area: the rest ignored
         live, at, tag, size = live[inside], at[inside], tag[inside], size[inside]
         z64 = tag == _ZIP64_EXTRA
         if z64.any():
-            _zip64(buf, live[z64], at[z64] + 4, size[z64], usize, csize, local)
+            _zip64(cd, live[z64], at[z64] + 4, size[z64], usize, csize, local)
         ut = (tag == _TIME_EXTRA) & (size >= 5)
         if ut.any():
             which, data = live[ut], at[ut] + 4
             has = (buf[data] & 1) == 1
-            mtime[which[has]] = _int(buf, data[has] + 1, 4).astype(np.uint32).view(np.int32)
+            mtime[which[has]] = _int(cd, data[has] + 1, 4).astype(np.uint32).view(np.int32)
         pos[live] = at + 4 + size
-    return Entries(base + starts, fixed, csize, usize, local + shift, mtime, names)
+    name_at = starts + _CENTRAL_SIZE
+    names = [cd[a : a + n] for a, n in zip(name_at.tolist(), fixed["nlen"].tolist())]
+    return Entries(base + starts, fixed, csize, usize, local + shift, mtime, names, buf, name_at)
 
 
 def _zip64(buf, which, data, size, usize, csize, local) -> None:
@@ -234,7 +272,7 @@ def _zip64(buf, which, data, size, usize, csize, local) -> None:
         need = column[which] == _FULL32
         fits = need & (used + 8 <= size)
         idx = which[fits]
-        column[idx] = _int(buf, data[fits] + used[fits], 8)
+        column[idx] = _int(buf, data[fits] + used[fits], 8)  # (buf: the central directory's bytes)
         used += np.where(need, 8, 0)
 
 
@@ -285,9 +323,8 @@ def data_starts(pread: Fetch, size: int, entries: Entries, which: np.ndarray) ->
         data = b"".join(pread(s, e - s) for s, e in batch.spans)
         if len(data) != batch.total:
             raise ShardFormatError("local headers cut short (truncated archive?)")
-        buf = np.frombuffer(data, np.uint8)
         at = batch.where(local[chosen])
-        head = _gather(buf, at, _LOCAL_DTYPE)
+        head = _gather(data, at, _LOCAL_DTYPE)
         out[chosen], why[chosen] = _check(entries, which[chosen], head, data, at, local[chosen])
     return out, why
 
@@ -352,13 +389,10 @@ def _check(entries: Entries, which, head, data: bytes, at, local) -> tuple[np.nd
     why = np.zeros(len(which), np.int8)
     why[head["sig"] != _LOCAL] = 2
     why[(why == 0) & (head["nlen"] != fixed["nlen"])] = 3
-    # names compared byte for byte (a list compare in C; member by member only where one differs)
-    first = _LOCAL_SIZE + at
-    mine = [data[a : a + n] for a, n in zip(first.tolist(), fixed["nlen"].tolist())]
-    theirs = [entries.names[w] for w in which.tolist()]
-    if mine != theirs:
-        differ = np.array([x != y for x, y in zip(mine, theirs)], bool)
-        why[(why == 0) & differ] = 3
+    # names compared byte for byte
+    lengths = np.where(why == 0, fixed["nlen"], 0).astype(np.int64)
+    same = _ragged_equal(np.frombuffer(data, np.uint8), _LOCAL_SIZE + at, entries.raw, entries.name_at[which], lengths)
+    why[(why == 0) & ~same] = 3
     sizes_known = (head["flags"] & _DESCRIPTOR) == 0
     mismatch = head["method"] != fixed["method"]
     mismatch |= sizes_known & (head["crc"] != fixed["crc"])
@@ -416,13 +450,14 @@ class ZipFormat:
         cd = bytes(src.pread(where.at, where.size))
         if len(cd) != where.size:
             raise ShardFormatError(f"central directory cut off ({len(cd)} of {where.size} bytes)")
-        entries = read_entries(cd, where.at, *walk(cd, where.count), where.shift)
+        entries = read_entries(cd, where.at, walk(cd, where.count), where.shift)
         del cd
         warnings: list[str] = []
         fixed = entries.fixed
         names = names_of(entries)
         modes = unix_modes(entries)
-        directory = np.fromiter((n.endswith(b"/") for n in names), bool, len(names))
+        nlen = fixed["nlen"].astype(np.int64)
+        directory = (nlen > 0) & (entries.raw[np.maximum(entries.name_at + nlen - 1, 0)] == ord("/"))
         directory |= (modes & _IFMT) == stat.S_IFDIR
         method = fixed["method"]
         encrypted = (fixed["flags"] & (_ENCRYPTED | _STRONG)) != 0
@@ -462,7 +497,7 @@ def _columns(src, entries: Entries, all_names, modes, directory, which, start, w
     compressed = (fixed["method"][which] != STORED) & ~dirs
     offset = np.where(compressed, VIRTUAL | which.astype(np.int64) << _WITHIN_BITS, np.where(dirs, 0, start))
     size = np.where(dirs, 0, entries.usize[which])
-    names = [all_names[w] for w in which.tolist()]
+    names = all_names if len(which) == len(all_names) else [all_names[w] for w in which.tolist()]
     links = _link_targets(src, names, kind, offset, size, warnings)
     if links:
         gone = np.array([i for i, t in links.items() if t is None], np.int64)
@@ -526,13 +561,29 @@ def _normal_forms(names: list[bytes], dirs: np.ndarray, blob: bytes, rows: np.nd
             at = blob.find(needle, at + 1)
     rows[:, NORM_START] = np.where(suspect, NOT_NORMAL, 0)
     rows[:, NORM_END] = np.where(suspect, NOT_NORMAL, norm_end)
-    norms = [b"" if s else n[:-1] if d else n for n, d, s in zip(names, dirs.tolist(), suspect.tolist())]
+    odd = np.flatnonzero(suspect | dirs)
+    norms = list(names) if len(odd) else names
+    for i in odd.tolist():
+        norms[i] = b"" if suspect[i] else names[i][:-1]
     rows[:, HASH] = np.fromiter(map(xxh64_intdigest, norms), np.uint64, len(norms)).view(np.int64)
-    cut = np.fromiter((n.rfind(b"/") for n in norms), np.int64, len(norms))
-    parents = [n[:c] if c > 0 else b"" for n, c in zip(norms, cut.tolist())]
-    hashes = {p: xxh64_intdigest(p) for p in dict.fromkeys(parents)}
-    rows[:, PARENT_HASH] = np.fromiter((hashes[p] for p in parents), np.uint64, len(parents)).view(np.int64)
+    # each parent: up to the last "/" of the normal form, found for all names at once
+    slashes = np.concatenate([[-1], np.flatnonzero(np.frombuffer(blob, np.uint8) == ord("/"))])  # -1: none
+    cut = slashes[np.searchsorted(slashes, begins + np.maximum(norm_end, 0), side="left") - 1] - begins
+    cut = np.where(suspect | (cut <= 0), -1, cut)
     rows[:, PARENT_END] = np.where(cut > 0, cut, NOT_NORMAL)
+    # parents come in runs (a folder's members together): hashed once a run
+    plen = np.maximum(cut, 0)
+    b8 = np.frombuffer(blob, np.uint8) if len(blob) else np.zeros(1, np.uint8)
+    new_run = np.ones(len(names), bool)
+    if len(names) > 1:
+        alike = plen[1:] == plen[:-1]
+        alike[alike] = _ragged_equal(b8, begins[1:][alike], b8, begins[:-1][alike], plen[1:][alike])
+        new_run[1:] = ~alike
+    firsts = np.flatnonzero(new_run)
+    parents = [norms[i][:n] for i, n in zip(firsts.tolist(), plen[firsts].tolist())]
+    hashes = {p: xxh64_intdigest(p) for p in dict.fromkeys(parents)}
+    run_hash = np.fromiter(map(hashes.__getitem__, parents), np.uint64, len(parents))
+    rows[:, PARENT_HASH] = run_hash[np.cumsum(new_run) - 1].view(np.int64)
     above = {xxh64_intdigest(p[:i]) for p in hashes for i in range(1, len(p)) if p[i] == 0x2F}
     return np.array(sorted(above), np.uint64).tobytes()
 
@@ -639,7 +690,7 @@ class ZipLayout:
                 cd = bytes(fetch(self._where.at, self._where.size))
                 if len(cd) != self._where.size:
                     raise ShardFormatError("central directory cut off")
-                self._starts = walk(cd, self._where.count)[0]
+                self._starts = walk(cd, self._where.count)
         where, starts = self._where, self._starts
         if entry >= len(starts):
             raise ShardFormatError(f"no entry {entry} in the central directory")
@@ -648,8 +699,7 @@ class ZipLayout:
         buf = bytes(fetch(where.at + at, end - at))
         if len(buf) != end - at:
             raise ShardFormatError(f"entry {entry}: short read")
-        name = buf[_CENTRAL_SIZE : _CENTRAL_SIZE + struct.unpack_from("<H", buf, 28)[0]]
-        entries = read_entries(buf, where.at + at, np.zeros(1, np.int64), [name], where.shift)
+        entries = read_entries(buf, where.at + at, np.zeros(1, np.int64), where.shift)
         name = _shown(names_of(entries)[0])
         start, why = data_starts(fetch, self._src.size, entries, np.zeros(1, np.int64))
         if start[0] < 0:
