@@ -764,6 +764,9 @@ class _Decoder:
         elif method == LZMA:
             head = self._next(4)
             props = self._next(struct.unpack_from("<H", head, 2)[0]) if len(head) == 4 else b""
+            if len(props) == 5:  # a dictionary no larger than the member: the same data, bounded memory
+                wanted = struct.unpack_from("<I", props, 1)[0]
+                props = props[:1] + struct.pack("<I", min(wanted, max(member.usize, 4096)))
             try:
                 self._obj = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
                     lzma._decode_filter_properties(lzma.FILTER_LZMA1, props)])  # what zipfile does
