@@ -266,21 +266,32 @@ def test_cp437_and_utf8_names(tmp_path):
     path = tmp_path / "names.zip"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("caf\u00e9-utf8.txt", b"a")  # zipfile sets the UTF-8 flag for this one
-    data = bytearray(path.read_bytes())
     # a second archive by hand: one entry named with CP437 byte 0x82 (é), made by MS-DOS, no flag
-    name = b"caf\x82.txt"
-    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0x21, zipfile.crc32(b"b"), 1, 1, len(name), 0)
-    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0x21, zipfile.crc32(b"b"), 1, 1,
-                          len(name), 0, 0, 0, 0, 0, 0)
-    body = local + name + b"b"
-    cd = central + name
-    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(cd), len(body), 0)
-    (tmp_path / "dos.zip").write_bytes(body + cd + end)
+    (tmp_path / "dos.zip").write_bytes(hand_made(b"caf\x82.txt", b"b", b"b", 0, made_by=20))
     names = {n.decode() for p in (path, tmp_path / "dos.zip") for n in _names(p)}
     assert names == {"caf\u00e9-utf8.txt", "caf\u00e9.txt"}
     with zipfile.ZipFile(tmp_path / "dos.zip") as z:
         assert z.namelist() == ["caf\u00e9.txt"]
-    del data
+
+
+def hand_made(name: bytes, data: bytes, stored: bytes, method: int, made_by: int = 0x314) -> bytes:
+    """A zip of one member written by hand: ``stored`` is ``data`` as ``method`` compresses it."""
+    crc = zipfile.crc32(data)
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0x21, crc, len(stored), len(data), len(name), 0)
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, made_by, 20, 0, method, 0, 0x21, crc, len(stored),
+                          len(data), len(name), 0, 0, 0, 0, 0o100644 << 16 if made_by >> 8 == 3 else 0, 0)
+    body, cd = local + name + stored, central + name
+    return body + cd + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(cd), len(body), 0)
+
+
+def test_zstd_member(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    data = b"zstd member " * 1000
+    path = tmp_path / "zstd.zip"
+    path.write_bytes(hand_made(b"z.txt", data, zstandard.ZstdCompressor().compress(data), zipformat.ZSTD))
+    with opened(path) as shard:
+        (member,) = zipformat.FORMAT.scan(shard).members
+        assert zipformat.FORMAT.open_layout(shard, shard.size).read(member.offset, member.size, shard.pread) == data
 
 
 def _names(path: Path) -> list[bytes]:

@@ -766,7 +766,7 @@ class _Decoder:
             props = self._next(struct.unpack_from("<H", head, 2)[0]) if len(head) == 4 else b""
             if len(props) == 5:  # a dictionary no larger than the member: the same data, bounded memory
                 wanted = struct.unpack_from("<I", props, 1)[0]
-                props = props[:1] + struct.pack("<I", min(wanted, max(member.usize, 4096)))
+                props = bytes(props[:1]) + struct.pack("<I", min(wanted, max(member.usize, 4096)))
             try:
                 self._obj = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[
                     lzma._decode_filter_properties(lzma.FILTER_LZMA1, props)])  # what zipfile does
@@ -783,7 +783,7 @@ class _Decoder:
         self._method, self._shown = method, member.shown
 
     def _next(self, n: int) -> bytes:
-        data = self._raw(self._at, min(n, self._end - self._at))
+        data = bytes(self._raw(self._at, min(n, self._end - self._at)))  # (inflate64, zstandard: bytes)
         self._at += len(data)
         return data
 

@@ -16,23 +16,13 @@ import io
 import tracemalloc
 import zipfile
 
+from test_fuzz_tar_writers import MemorySource
+
 from shardfs.formats import zip as zipformat
 from shardfs.formats.base import VIRTUAL, Kind, ShardFormatError
 from shardfs.formats.lz4shard import BlockCache
 
 _OEM_HOSTS = (0, 6, 10, 14)
-
-
-class _Source:
-    """A zip's bytes as a ByteSource."""
-
-    window = 64 * 1024
-
-    def __init__(self, data: bytes):
-        self.data, self.size = data, len(data)
-
-    def pread(self, offset: int, length: int) -> bytes:
-        return self.data[offset : offset + length]
 
 
 def _zipfile_members(data: bytes) -> dict[bytes, bytes | None]:
@@ -57,7 +47,7 @@ def _zipfile_members(data: bytes) -> dict[bytes, bytes | None]:
 
 
 def one_input(data: bytes) -> None:
-    src = _Source(data)
+    src = MemorySource(data)
     tracemalloc.start()
     try:
         result = zipformat.FORMAT.scan(src)
@@ -141,7 +131,7 @@ def _warm() -> None:
     """What a first scan and read import (numpy's parts, the decompressors), imported now: the
     bounds above count what an input makes, not a module's first import."""
     for seed in seeds():
-        src = _Source(seed)
+        src = MemorySource(seed)
         layout = zipformat.ZipLayout(src)
         for m in zipformat.FORMAT.scan(src).members:
             if m.kind == Kind.FILE:
