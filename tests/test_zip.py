@@ -243,6 +243,18 @@ def test_ls_and_verify(archives):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_verify_checks_every_members_crc(tmp_path):
+    """Stored members are served as they lie; verify reads them all and checks their CRC-32."""
+    path = _good(tmp_path, method=zipfile.ZIP_STORED)
+    data = bytearray(path.read_bytes())
+    at = data.find(b"member 2 ")
+    data[at] ^= 1
+    path.write_bytes(data)
+    done = shardfs_cmd("verify", str(path))
+    assert done.returncode != 0 and "f2.txt: CRC-32 mismatch" in done.stdout + done.stderr, done.stdout
+    assert "f1.txt" not in done.stdout + done.stderr
+
+
 def test_over_65535_members(tmp_path):
     """zipfile writes zip64 end records for this many; every member is indexed and served."""
     path = tmp_path / "many.zip"
