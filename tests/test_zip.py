@@ -233,6 +233,24 @@ def test_zips_and_tars_in_one_tree(archives, mount, tmp_path):
 
 
 @needs_tools
+@needs_fuse
+def test_dos_times_in_local_time_as_unzip(tmp_path, mount, monkeypatch):
+    """Without an extended timestamp (zipfile writes none) the DOS time is local time: the daemon
+    and unzip both read it with the TZ they run under."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30, no DST: any hour-based mistake shows
+    src = make_tree(tmp_path / "tree" / "t")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _zipfile(zipfile.ZIP_DEFLATED)(src, shards / "t.zip", "t")
+    _run("unzip", "-q", str(shards / "t.zip"), "-d", str(tmp_path / "ref"))
+    expected = entries(tmp_path / "ref")
+    assert expected["t/notes.txt"][3] != MTIME  # zipfile wrote the DOS time in our TZ, unzip read it in Kolkata's
+    m = mount(shards)
+    served = entries(Path(m.path))
+    assert {k: v for k, v in served.items() if v[0] == "file"} == {k: v for k, v in expected.items() if v[0] == "file"}
+
+
+@needs_tools
 def test_ls_and_verify(archives):
     shards, _ = archives
     path = shards / "infozip-deflate.zip"

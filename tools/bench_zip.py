@@ -4,8 +4,8 @@ its spread [min-max], all through the real CLIs.
 
 1. First mount of a zip of --members tiny stored members (default 1,000,000, in folders of 1,000
    as ``zip -r`` lists them; made once with zipfile and kept in --workdir): wall time of ``shardfs
-   mount`` with no index (a fresh --index-dir each round; the page cache not dropped: the zip is
-   read from it, as a job's second node would), the daemon's RSS; then a remount (index kept).
+   mount`` with no index (none beside the zip, a fresh --index-dir each round; the page cache not
+   dropped: the zip is read from it), the daemon's RSS; then a remount (index kept).
 2. The same real JPEGs (benchlib.sample) as a stored zip (``zip -0``) and a deflate zip (``zip``),
    each served by shardfs, fuse-zip (Debian's) and ratarmount: mount time, then a cold epoch
    (page cache dropped, every file read once in a random order by --readers processes) and a warm
@@ -103,6 +103,14 @@ def available(name: str) -> str | None:
     return None
 
 
+def forget_index(zip_path: str, index_dir: str) -> None:
+    """No index of the zip anywhere (beside it, where shardfs keeps them by default; in index_dir)."""
+    if os.path.exists(zip_path + ".shardfs-idx"):
+        os.unlink(zip_path + ".shardfs-idx")
+    shutil.rmtree(index_dir, ignore_errors=True)
+    os.makedirs(index_dir)
+
+
 def timed_mount(mounts: Mounts, how, zip_path: str, mnt: str, index_dir: str, logs: str):
     start = time.perf_counter()
     m = how(mounts, zip_path, mnt, index_dir, logs)
@@ -114,8 +122,7 @@ def first_mounts(args, mounts: Mounts, work: str, logs: str) -> dict:
     out = {"first": [], "remount": [], "rss_mb": []}
     for r in range(args.repeat):
         index_dir = os.path.join(work, "index-many")
-        shutil.rmtree(index_dir, ignore_errors=True)
-        os.makedirs(index_dir)
+        forget_index(path, index_dir)
         for key in ("first", "remount"):
             m, secs = timed_mount(mounts, shardfs_mount, path, os.path.join(work, "mnt", "many"), index_dir, logs)
             files = sum(1 for _ in os.scandir(os.path.join(m.mnt, "c00000")))
@@ -138,8 +145,7 @@ def epochs(args, mounts: Mounts, work: str, logs: str, plain: str, zips: dict[st
             row = results.setdefault(f"{kind}/{name}", {"mount": [], "cold": [], "warm": []})
             for r in range(args.repeat):
                 index_dir = os.path.join(work, f"index-{kind}-{name}")
-                shutil.rmtree(index_dir, ignore_errors=True)
-                os.makedirs(index_dir)
+                forget_index(path, index_dir)
                 if name == "plain":
                     root, m = plain, None
                 else:
