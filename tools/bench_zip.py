@@ -5,7 +5,8 @@ its spread [min-max], all through the real CLIs.
 1. First mount of a zip of --members tiny stored members (default 1,000,000, in folders of 1,000
    as ``zip -r`` lists them; made once with zipfile and kept in --workdir): wall time of ``shardfs
    mount`` with no index (none beside the zip, a fresh --index-dir each round; the page cache not
-   dropped: the zip is read from it), the daemon's RSS; then a remount (index kept).
+   dropped: the zip is read from it), the daemon's RSS and CPU; then a remount (index kept).
+   ``--tar``: the same for a tar of the same members (tar's compiled scanner), for reference.
 2. The same real JPEGs (benchlib.sample) as a stored zip (``zip -0``) and a deflate zip (``zip``),
    each served by shardfs, fuse-zip (Debian's) and ratarmount: mount time, then a cold epoch
    (page cache dropped, every file read once in a random order by --readers processes) and a warm
@@ -23,11 +24,13 @@ run started.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 
@@ -54,6 +57,22 @@ def many_members_zip(path: str, members: int) -> str:
             info = zipfile.ZipInfo(f"c{i // 1000:05d}/{i:08d}.txt", (2024, 1, 1, 0, 0, 0))
             info.external_attr = 0o100644 << 16
             z.writestr(info, b"member %d\n" % i)
+    os.rename(path + ".part", path)
+    return path
+
+
+def many_members_tar(path: str, members: int) -> str:
+    """The same members as a GNU tar (tar's compiled scanner, for reference), made once."""
+    if os.path.exists(path):
+        return path
+    log(f"writing {path} ({members} members)")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path + ".part", "w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(members):
+            data = b"member %d\n" % i
+            info = tarfile.TarInfo(f"c{i // 1000:05d}/{i:08d}.txt")
+            info.size, info.mtime, info.mode = len(data), 1704067200, 0o644
+            tf.addfile(info, io.BytesIO(data))
     os.rename(path + ".part", path)
     return path
 
@@ -118,22 +137,26 @@ def timed_mount(mounts: Mounts, how, zip_path: str, mnt: str, index_dir: str, lo
 
 
 def first_mounts(args, mounts: Mounts, work: str, logs: str) -> dict:
-    path = many_members_zip(os.path.join(work, f"many-{args.members}", "many.zip"), args.members)
-    out = {"first": [], "remount": [], "rss_mb": [], "first_cpu": [], "remount_cpu": []}
-    for r in range(args.repeat):
-        index_dir = os.path.join(work, "index-many")
-        forget_index(path, index_dir)
-        for key in ("first", "remount"):
-            m, secs = timed_mount(mounts, shardfs_mount, path, os.path.join(work, "mnt", "many"), index_dir, logs)
-            files = sum(1 for _ in os.scandir(os.path.join(m.mnt, "c00000")))
-            status = proc_status(m.pid)
-            out[f"{key}_cpu"].append(status.get("cpu_s"))  # the daemon's: on a busy machine, what wall time hides
-            if key == "first":
-                out["rss_mb"].append(status.get("VmRSS", 0) / 2**20)
-            mounts.unmount(m)
-            out[key].append(secs)
-            log(f"round {r + 1}: {key} mount of {args.members} members {secs:.2f} s ({files} in c00000)")
-    return out
+    archives = {"zip": many_members_zip(os.path.join(work, f"many-{args.members}", "many.zip"), args.members)}
+    if args.tar:
+        archives["tar"] = many_members_tar(os.path.join(work, f"many-{args.members}-tar", "many.tar"), args.members)
+    results = {}
+    for kind, path in archives.items():
+        out = results[kind] = {"first": [], "remount": [], "rss_mb": [], "first_cpu": [], "remount_cpu": []}
+        for r in range(args.repeat):
+            index_dir = os.path.join(work, f"index-many-{kind}")
+            forget_index(path, index_dir)
+            for key in ("first", "remount"):
+                m, secs = timed_mount(mounts, shardfs_mount, path, os.path.join(work, "mnt", "many"), index_dir, logs)
+                files = sum(1 for _ in os.scandir(os.path.join(m.mnt, "c00000")))
+                status = proc_status(m.pid)
+                out[f"{key}_cpu"].append(status.get("cpu_s"))  # the daemon's: on a busy machine, what wall time hides
+                if key == "first":
+                    out["rss_mb"].append(status.get("VmRSS", 0) / 2**20)
+                mounts.unmount(m)
+                out[key].append(secs)
+                log(f"{kind} round {r + 1}: {key} mount of {args.members} members {secs:.2f} s ({files} in c00000)")
+    return results
 
 
 def epochs(args, mounts: Mounts, work: str, logs: str, plain: str, zips: dict[str, str]) -> dict:
@@ -178,6 +201,7 @@ def main() -> int:
     p.add_argument("--readers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip-first-mount", action="store_true")
+    p.add_argument("--tar", action="store_true", help="also a tar of the same members, for reference")
     p.add_argument("--skip-epochs", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
@@ -189,11 +213,12 @@ def main() -> int:
     out: dict = {"args": vars(args)}
     with Mounts() as mounts:
         if not args.skip_first_mount:
-            fm = out["first_mount"] = first_mounts(args, mounts, work, logs)
-            print(f"\n{args.members} stored members, one zip: first mount {tables.cell(fm['first'], '{:.2f} s')}, "
-                  f"remount {tables.cell(fm['remount'], '{:.2f} s')}, daemon RSS {tables.cell(fm['rss_mb'], '{:.0f} MB')}; "
-                  f"the daemon's CPU: first mount {tables.cell(fm['first_cpu'], '{:.2f} s')}, "
-                  f"remount {tables.cell(fm['remount_cpu'], '{:.2f} s')}")
+            for kind, fm in first_mounts(args, mounts, work, logs).items():
+                out[f"first_mount_{kind}"] = fm
+                print(f"\n{args.members} stored members, one {kind}: first mount {tables.cell(fm['first'], '{:.2f} s')}, "
+                      f"remount {tables.cell(fm['remount'], '{:.2f} s')}, daemon RSS {tables.cell(fm['rss_mb'], '{:.0f} MB')}; "
+                      f"the daemon's CPU: first mount {tables.cell(fm['first_cpu'], '{:.2f} s')}, "
+                      f"remount {tables.cell(fm['remount_cpu'], '{:.2f} s')}")
         if not args.skip_epochs:
             plain, zips = jpeg_zips(work, args.classes, args.per_class)
             ep = out["epochs"] = epochs(args, mounts, work, logs, plain, zips)
