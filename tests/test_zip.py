@@ -47,7 +47,7 @@ def make_tree(root: Path) -> Path:
     os.chmod(root / "notes.txt", 0o600)
     (root / "caf\u00e9.txt").write_text("utf-8 name\n")
     os.symlink("img/cat/1.jpg", root / "link")
-    for path in sorted(root.rglob("*"), reverse=True):
+    for path in [*sorted(root.rglob("*"), reverse=True), root]:
         os.utime(path, (MTIME, MTIME), follow_symlinks=False)
     return root
 
@@ -64,7 +64,7 @@ def entries(root: Path, times: bool = True) -> dict[str, tuple]:
             if stat.S_ISLNK(st.st_mode):
                 found[rel] = ("symlink", os.readlink(full), None, None)  # unzip sets no mode or time on links
             elif stat.S_ISDIR(st.st_mode):
-                found[rel] = ("dir", None, None, None)
+                found[rel] = ("dir", None, mode, mtime)
             else:
                 with open(full, "rb") as f:
                     found[rel] = ("file", hashlib.sha256(f.read()).hexdigest(), mode, mtime)
@@ -189,7 +189,10 @@ def test_mounted_zips_equal_unzip(archives, mount):
         writer = rel.split("/")[0]
         if writer == "7zip-deflate64" and "deflate64" not in zipformat.METHODS:
             continue
-        assert served.get(rel) == want, f"{rel}: served {served.get(rel)}, unzip made {want}"
+        got = served.get(rel)
+        if want[0] == "dir" and not writer.startswith(("infozip", "7zip")):
+            got, want = got and got[:2], want[:2]  # zipfile wrote no entry for some folders: unzip made them now
+        assert got == want, f"{rel}: served {got}, unzip made {want}"
     assert set(served) == set(expected), set(served) ^ set(expected)
     log = m.log()
     assert "left out" not in log and "refused" not in log, log
