@@ -194,7 +194,7 @@ def builds_in_threads(path: str) -> bool:
     processes (no fork, no index pickled back), and a build in the daemon's process can keep
     what it reads (the RAM cache). Other formats (Parquet, HDF5, lz4) scan in Python: processes."""
     fmt = format_for(path)
-    return fmt is not None and getattr(fmt, "gives_columns", False) and not getattr(fmt, "scans_in_python", False)
+    return fmt is not None and getattr(fmt, "gives_columns", False)
 
 
 def _build(jobs: list, workers: int, in_threads: bool, collect) -> None:
