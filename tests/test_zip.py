@@ -523,3 +523,21 @@ def test_columns_path_equals_replay(tmp_path):
         r = records[ix.name(i)]
         assert (r.kind, r.offset, r.size, r.mode, r.mtime) == (ix.kind[i], ix.offset[i], ix.size[i], ix.mode[i],
                                                                ix.mtime[i])
+
+
+@needs_fuse
+def test_deflated_members_after_a_remount_from_the_saved_view(tmp_path, mount):
+    """A remount maps the saved view (view/snapshot.py): compressed members' virtual offsets
+    still reach the layout, stored ones the compiled loop."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with zipfile.ZipFile(src / "a.zip", "w") as z:
+        z.writestr("deflated.txt", b"deflated " * 1000, compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr("stored.bin", b"stored " * 1000, compress_type=zipfile.ZIP_STORED)
+    index_dir = str(tmp_path / "idx")
+    for name in ("first", "again"):
+        m = mount(src, options=("--index-dir", index_dir), name=name)
+        assert (Path(m.path) / "deflated.txt").read_bytes() == b"deflated " * 1000
+        assert (Path(m.path) / "stored.bin").read_bytes() == b"stored " * 1000
+        shardfs_cmd("umount", m.path)
+    assert "view mapped" in Path(m.log_file).read_text()
