@@ -15,18 +15,25 @@ apt_install() {
     [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
     apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
-have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
 have_headers() { "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null; }
-if ! command -v "$PYTHON" >/dev/null || ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q "libfuse3.so.[34]" || ! have_nginx \
-    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null || ! command -v unsquashfs >/dev/null \
-    || ! have_headers; then
+# the commands the apt line below brings (nginx lives in /usr/sbin)
+missing_command() {
+    local cmd
+    for cmd in "$PYTHON" fusermount3 gcc bsdtar unsquashfs zip unzip 7z fuse-zip; do
+        command -v "$cmd" >/dev/null || return 0
+    done
+    [ ! -x /usr/sbin/nginx ] && ! command -v nginx >/dev/null
+}
+if missing_command || ! ldconfig -p | grep -q "libfuse3.so.[34]" || ! have_headers; then
     # fuse3 (and with it libfuse3-3, or libfuse3-4 on Debian 13): the mount (the compiled loop binds
-    # libfuse3.so.3 or .4 when it starts: no libfuse3-dev or pkg-config needed); gcc/libc6-dev/python3-dev: pip builds the compiled request loop
-    # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
-    # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
-    # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
+    # libfuse3.so.3 or .4 when it starts: no libfuse3-dev or pkg-config needed); gcc/libc6-dev/python3-dev:
+    # pip builds the compiled request loop (shardfs/fuse/lowlevel/*.c); tar/attr: tests;
+    # squashfuse/squashfs-tools: benchmark baseline; nginx: the HTTP server of the remote-source
+    # tests and benchmark (started privately, never as a service); libarchive-tools: bsdtar, one of
+    # the real tar writers of the differential test (test_tar_writers.py); zip/unzip/p7zip-full:
+    # the zip writers and extractors of test_zip.py; fuse-zip: bench_zip.py's peer
     apt_install python3 fuse3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
-        libarchive-tools ca-certificates
+        libarchive-tools ca-certificates zip unzip p7zip-full fuse-zip
 fi
 # clang-14 and its sanitizer and libFuzzer runtimes (libclang-rt-14-dev): the tar scanner's C
 # fuzzed with libFuzzer (tools/libfuzzer/run.sh, a short run in .ci/run)

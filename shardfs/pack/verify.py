@@ -147,6 +147,8 @@ def _check_members(shard, ix, report: ShardReport, decode: bool, expected: dict 
             except ShardFormatError as exc:
                 bad(f"{shown}: {exc}{_affected(ix, start, end)}")
                 bad_ranges.append((start, end))
+    for problem in getattr(layout, "check_members", lambda _fetch: [])(fetch):  # zip: every member's CRC-32
+        bad(f"{shown}: {problem}")
     if decode:
         _decode_members(ix, layout, fetch, bad_ranges, shown, bad)
 
