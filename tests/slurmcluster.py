@@ -36,7 +36,7 @@ import sys
 import time
 
 from benchlib.cli import REPO
-from conftest import wait_for
+from conftest import DEADLINE, wait_for
 from shardfs.service.mount import process_alive
 
 PYTHON = os.path.realpath(sys.executable)
@@ -449,12 +449,16 @@ class SlurmCluster:
         for proc in self.procs:  # the same processes; a daemon that died before writing its pid file too
             if proc.poll() is None:
                 proc.kill()
-            proc.wait()
+            try:
+                proc.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:  # (stuck in the kernel: the rest is still stopped)
+                print(f"WARNING: {proc.args[0]} (pid {proc.pid}) not gone {DEADLINE:.0f} s after SIGKILL",
+                      file=sys.stderr)
         self._remove_cgroups()
         if self.net:
             self.net.remove()
 
-    def _cancel_jobs(self, timeout: float = 60) -> None:
+    def _cancel_jobs(self, timeout: float = DEADLINE) -> None:
         """A test that failed may leave a job running: cancel every job, wait until none is listed."""
         pid = _read_pid(self.pid_files["slurmctld"])
         if pid is None or not process_alive(pid):
