@@ -111,7 +111,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 @dataclasses.dataclass
 class Node:
     name: str
-    addr: str | None = None  # None: the machine itself
+    addr: str | None = None  # where the controller reaches it
     netns: str | None = None
 
 
@@ -180,9 +180,9 @@ class SlurmCluster:
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         self.net = None
-        if nodes == 1:
-            self.nodes = [Node(socket.gethostname().split(".")[0])]
-            self.ctl_host = self.nodes[0].name
+        if nodes == 1:  # (addresses given: the machine's name need not resolve, as in many containers)
+            self.nodes = [Node(socket.gethostname().split(".")[0], addr="127.0.0.1")]
+            self.ctl_host = f"{self.nodes[0].name}(127.0.0.1)"
         else:
             if os.path.realpath(top).startswith("/tmp/"):
                 raise ValueError(f"{top}: each node has a /tmp of its own, which would hide this folder; "
