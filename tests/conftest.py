@@ -13,9 +13,16 @@ import time
 
 import pytest
 
-from benchlib import mounts, sample
-from benchlib.cli import shardfs
-from benchlib.mounts import Mounted, mount_stats
+# The suite makes its own conditions: shardfs settings from the shell that starts it (a storage
+# timeout, a libfuse, a saved view, a peer key...) would change what its daemons do. Tests set
+# what they need; only the suite's own knobs (SHARDFS_TEST_*) come from outside. (Before the
+# imports below: some of shardfs's modules read theirs when imported.)
+for _name in [name for name in os.environ if name.startswith("SHARDFS_") and not name.startswith("SHARDFS_TEST_")]:
+    del os.environ[_name]
+
+from benchlib import mounts, sample  # noqa: E402
+from benchlib.cli import shardfs  # noqa: E402
+from benchlib.mounts import Mounted, mount_stats  # noqa: E402
 
 shardfs_cmd = functools.partial(shardfs, timeout=300)
 
