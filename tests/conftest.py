@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import select
 import shutil
 import sys
 import threading
@@ -12,9 +14,16 @@ import time
 
 import pytest
 
-from benchlib import sample
-from benchlib.cli import shardfs
-from benchlib.mounts import Mounted, mount_stats
+# The suite makes its own conditions: shardfs settings from the shell that starts it (a storage
+# timeout, a libfuse, a saved view, a peer key...) would change what its daemons do. Tests set
+# what they need; only the suite's own knobs (SHARDFS_TEST_*) come from outside. (Before the
+# imports below: some of shardfs's modules read theirs when imported.)
+for _name in [name for name in os.environ if name.startswith("SHARDFS_") and not name.startswith("SHARDFS_TEST_")]:
+    del os.environ[_name]
+
+from benchlib import mounts, sample  # noqa: E402
+from benchlib.cli import shardfs  # noqa: E402
+from benchlib.mounts import Mounted, mount_stats  # noqa: E402
 
 shardfs_cmd = functools.partial(shardfs, timeout=300)
 
@@ -42,8 +51,10 @@ def force_unmount(path: str, pid: int | None = None) -> None:
 
 
 # The suite's one bound on waiting for a state: generous, so a loaded machine never reaches it
-# and only a broken case does (SHARDFS_TEST_DEADLINE to change it).
-DEADLINE = float(os.environ.get("SHARDFS_TEST_DEADLINE", "180"))
+# and only a broken case does (SHARDFS_TEST_DEADLINE to change it); under half of pytest's
+# --timeout (300 s, pyproject.toml), so that a wait that fails reports what it waited for
+# before pytest's timeout stops the test with a bare stack.
+DEADLINE = float(os.environ.get("SHARDFS_TEST_DEADLINE", "120"))
 
 
 def wait_for(condition, what):
@@ -59,12 +70,26 @@ def wait_for(condition, what):
 
 
 def wait_mounted(mnt, proc) -> None:
-    """Until ``mnt`` is a mount point; fails at once if ``proc`` (what mounts it) exits first."""
-    def mounted() -> bool:
-        assert proc.poll() is None, f"{proc.args} exited ({proc.returncode}) before {mnt} was mounted"
-        return os.path.ismount(mnt)
+    """Until ``mnt`` is a mount point (within DEADLINE); fails at once if ``proc`` (what mounts
+    it) exits first, and stops it when the deadline passes."""
+    mounts.wait_mounted(str(mnt), proc, DEADLINE)
 
-    wait_for(mounted, f"{mnt} was not mounted")
+
+def read_within(fd: int, ends: float, what) -> bytes:
+    """What ``fd`` (a pipe, a pty's master) gives next, waiting for it until ``ends`` (a
+    time.monotonic()); b"" at its end (a pty whose other side is closed, too). Fails as
+    ``wait_for`` does, with ``what``, when ``ends`` passes first."""
+    ready = select.poll()  # (not select(): the suite may have over 1,024 descriptors open)
+    ready.register(fd, select.POLLIN)
+    while not ready.poll(1000 * max(0.0, min(1.0, ends - time.monotonic()))):
+        if time.monotonic() >= ends:
+            raise AssertionError(f"not within {DEADLINE:.0f} s: {what() if callable(what) else what}")
+    try:
+        return os.read(fd, 65536)
+    except OSError as exc:
+        if exc.errno == errno.EIO:  # a pty's master once the last process holding its other side is gone
+            return b""
+        raise
 
 
 def memory_v1_root() -> str | None:
@@ -120,6 +145,15 @@ def read_concurrently(paths: list) -> dict:
         t.join(DEADLINE)
     assert not any(t.is_alive() for t in threads), f"reads still waiting after {DEADLINE:.0f} s"
     return {path: got.errno if isinstance(got, OSError) else got for path, got in results.items()}
+
+
+def read_or_none(path) -> bytes | None:
+    """The file's bytes, or None where reading it fails (for waiting until reads recover)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def drop_page_cache(path) -> None:

@@ -36,7 +36,7 @@ import sys
 import time
 
 from benchlib.cli import REPO
-from conftest import wait_for
+from conftest import DEADLINE, wait_for
 from shardfs.service.mount import process_alive
 
 PYTHON = sys.executable  # the suite's interpreter (a venv's bin/python), as in nobody.py
@@ -111,7 +111,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 @dataclasses.dataclass
 class Node:
     name: str
-    addr: str | None = None  # None: the machine itself
+    addr: str | None = None  # where the controller reaches it
     netns: str | None = None
 
 
@@ -180,9 +180,9 @@ class SlurmCluster:
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         self.net = None
-        if nodes == 1:
-            self.nodes = [Node(socket.gethostname().split(".")[0])]
-            self.ctl_host = self.nodes[0].name
+        if nodes == 1:  # (addresses given: the machine's name need not resolve, as in many containers)
+            self.nodes = [Node(socket.gethostname().split(".")[0], addr="127.0.0.1")]
+            self.ctl_host = f"{self.nodes[0].name}(127.0.0.1)"
         else:
             if os.path.realpath(top).startswith("/tmp/"):
                 raise ValueError(f"{top}: each node has a /tmp of its own, which would hide this folder; "
@@ -450,12 +450,16 @@ class SlurmCluster:
         for proc in self.procs:  # the same processes; a daemon that died before writing its pid file too
             if proc.poll() is None:
                 proc.kill()
-            proc.wait()
+            try:
+                proc.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:  # (stuck in the kernel: the rest is still stopped)
+                print(f"WARNING: {proc.args[0]} (pid {proc.pid}) not gone {DEADLINE:.0f} s after SIGKILL",
+                      file=sys.stderr)
         self._remove_cgroups()
         if self.net:
             self.net.remove()
 
-    def _cancel_jobs(self, timeout: float = 60) -> None:
+    def _cancel_jobs(self, timeout: float = DEADLINE) -> None:
         """A test that failed may leave a job running: cancel every job, wait until none is listed."""
         pid = _read_pid(self.pid_files["slurmctld"])
         if pid is None or not process_alive(pid):

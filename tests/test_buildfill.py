@@ -171,6 +171,11 @@ def test_chunks_are_cut_whole_from_reads_that_follow_one_another():
     assert all(got[i] == data[i * CHUNK : (i + 1) * CHUNK] for i in got)
 
 
+def part_00(tier) -> list[int]:
+    """The bytes filled of each tier file of part-00.tar."""
+    return [c["filled"] for c in cached(tier) if c["source"].endswith("part-00.tar")]
+
+
 @needs_fuse
 def test_a_daemon_stopped_during_its_build_exits_and_leaves_no_chunk_trusted(tmp_path, mount):
     """SIGTERM (an unmount by the service, scancel) while a build that fills the tier waits on
@@ -194,7 +199,7 @@ def test_a_daemon_stopped_during_its_build_exits_and_leaves_no_chunk_trusted(tmp
             # Its thread inside the held read cannot end before storage answers it (as on a hard NFS
             # mount); the rest of the daemon is gone (a zombie until that thread ends).
             wait_for(lambda: not _alive(daemon.pid), "the daemon to exit")
-            assert all(c["filled"] == 0 for c in cached(tier) if c["source"].endswith("part-00.tar"))
+            assert part_00(tier) == [0]  # its file, made as the build began, and no chunk trusted
         finally:
             if flag.exists():
                 flag.unlink()  # (releases the held read first)
@@ -202,7 +207,7 @@ def test_a_daemon_stopped_during_its_build_exits_and_leaves_no_chunk_trusted(tmp
                 daemon.kill()
             daemon.wait(timeout=60)
         assert not os.path.ismount(mnt)
-        assert all(c["filled"] == 0 for c in cached(tier) if c["source"].endswith("part-00.tar"))
+        assert part_00(tier) == [0]
         m = mount(storage, options=options(tier, SMALL_RAM))
         read_all(m.path, digests)
         assert storage_bytes(m) <= 1.05 * total + 2 * CHUNK  # (part-01's, if kept before the stop: not read twice)

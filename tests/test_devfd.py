@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import signal
@@ -88,15 +87,9 @@ def test_a_descriptor_mounted_by_its_caller_is_served_until_unmounted(form, rele
             with open(f"/proc/{pid}/maps") as f:
                 mapped = {path for path in (line.split()[-1] for line in f) if "/libfuse3.so" in path}
             assert mapped == {library}
-        served, dirs = {}, []
-        for top, names, files in os.walk(mnt):
-            dirs += [os.path.relpath(os.path.join(top, name), mnt) for name in names]
-            for name in files:
-                with open(os.path.join(top, name), "rb") as f:
-                    served[os.path.relpath(f.name, mnt)] = hashlib.sha256(f.read()).hexdigest()
+        served = sample.digests(mnt)
         assert served == sample.digests(str(sample_tree))
-        assert sorted(dirs) == sorted(os.path.relpath(os.path.join(top, name), sample_tree)
-                                      for top, names, _ in os.walk(sample_tree) for name in names)
+        assert sample.dirs_under(mnt) == sample.dirs_under(str(sample_tree))
         with pytest.raises(OSError) as refused:
             open(os.path.join(mnt, min(served)), "r+b")
         assert refused.value.errno == errno.EROFS

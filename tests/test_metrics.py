@@ -10,12 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import needs_fuse, shardfs_cmd, wait_for
+from conftest import DEADLINE, needs_fuse, read_within, shardfs_cmd, wait_for
 from shardfs.service.config import MountConfig, apply_options, parse_config
 from shardfs.errors import UsageError
 from shardfs.service import watch
@@ -189,19 +190,33 @@ def test_watch_rates_are_over_the_last_interval():
     assert lines[5] == "served    2.0 MB/s now, 4.0 MB in total; 0 read errors, 0 broken shards"
 
 
+def reaped(pid: int) -> tuple[int] | None:
+    """(its wait status) once the child ``pid`` has exited and is reaped here, else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    return (status,) if done else None
+
+
 def test_stats_watch_on_a_terminal_until_ctrl_c(tar_shards, mount):
     m = mount(tar_shards)
     pid, fd = pty.fork()
     if pid == 0:  # the child: shardfs on the pty, as an admin runs it
-        os.execv(sys.executable, [sys.executable, "-m", "shardfs", "stats", m.path, "--watch", "--interval", "0.2"])
-    output, status = b"", None
+        # Ctrl-C as on a login terminal, whatever this suite inherited: started with SIGINT
+        # ignored (`pytest &` in a script, nohup, some batch systems), the exec would keep it so.
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.execv(sys.executable, [sys.executable, "-m", "shardfs", "stats", m.path, "--watch", "--interval", "0.2"])
+        finally:
+            os._exit(127)  # (never back into the suite's code in a forked copy of it)
+    output, status, ends = b"", None, time.monotonic() + DEADLINE
     try:
         while output.count(b"requests") < 3:
-            output += os.read(fd, 65536)
+            chunk = read_within(fd, ends, lambda: f"three refreshes of --watch (so far: {output[-500:]!r})")
+            assert chunk, f"--watch ended before three refreshes: {output[-500:]!r}"
+            output += chunk
         os.kill(pid, signal.SIGINT)
-        _, status = os.waitpid(pid, 0)
+        status = wait_for(lambda: reaped(pid), "`shardfs stats --watch` to exit on Ctrl-C")[0]
     finally:
-        if status is None:  # not reaped yet: the test failed before Ctrl-C
+        if status is None:  # not reaped yet: the test failed before Ctrl-C, or it did not end on it
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         os.close(fd)

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from conftest import (DEADLINE, drop_page_cache, force_unmount, needs_fuse, read_concurrently, read_in_background,
-                      shardfs_cmd, wait_for)
+                      read_or_none, shardfs_cmd, wait_for)
 from remote_servers import (  # noqa: F401 (fixtures)
     ACCESS_KEY, SECRET_KEY, aws_env, bucket, digest, moto_endpoint, nginx, nginx_without_etag, proxy, tree_digests,
 )
@@ -466,20 +466,13 @@ def test_a_store_that_stops_answering_gives_eio_in_bounded_time_and_reads_recove
     finally:
         p.arm()  # the store answers again
     rel = members(tmp_path, SHARDS[2])[0]
-    wait_for(lambda: _read_or_none(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes(),
+    wait_for(lambda: read_or_none(os.path.join(m.path, rel)) == (sample_tree / rel).read_bytes(),
               "reads did not recover")
     assert tree_digests(m.path) == tree_digests(sample_tree)
     assert "answers again" in m.log()
     stats = m.stats()
     assert stats["shards_broken"] == 0
     assert stats["cache"]["shards_cached"] == 4  # what failed in the outage was loaded again after it
-
-
-def _read_or_none(path):
-    try:
-        return _read(path)
-    except OSError:
-        return None
 
 
 def test_a_rescan_during_an_outage_leaves_every_shard_intact(store, sample_tree, mount, proxy, tmp_path,
@@ -501,7 +494,7 @@ def test_a_rescan_during_an_outage_leaves_every_shard_intact(store, sample_tree,
         assert stats["shards"] == 4 and stats["shards_broken"] == 0
         p.arm()
     # Once a probe finds the store answering again (within seconds), the same files, right bytes.
-    wait_for(lambda: _read_or_none(uncached) is not None, "reads did not recover")
+    wait_for(lambda: read_or_none(uncached) is not None, "reads did not recover")
     assert tree_digests(m.path) == tree_digests(sample_tree)
     os.kill(m.pid, signal.SIGHUP)  # and a rescan with the store back finds nothing changed
     wait_for(lambda: "rescan: " in m.log(), "no rescan happened")

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import (DEADLINE, drop_page_cache, needs_fuse, read_concurrently, read_in_background,
+from conftest import (DEADLINE, drop_page_cache, needs_fuse, read_concurrently, read_in_background, read_or_none,
                       wait_for)
 from faulty_storage import faulty_mount, held
 from tarcraft import archive, member
@@ -134,17 +134,10 @@ def test_a_hung_mount_gives_eio_in_bounded_time_and_reads_recover(mount, hanging
         assert "no answer within 5 s" in m.log()
     finally:
         flag.unlink()  # the mount answers again
-    wait_for(lambda: _read_or_none(m.path, "a/5.bin") == files["a/5.bin"], "reads did not recover")
+    wait_for(lambda: read_or_none(os.path.join(m.path, "a/5.bin")) == files["a/5.bin"], "reads did not recover")
     for name, data in files.items():
         assert _read(m.path, name) == data
     assert "answers again" in m.log()
     stats = m.stats()
     assert stats["shards_broken"] == 0
     assert stats["cache"]["shards_cached"] == 2  # what failed in the outage was loaded again after it
-
-
-def _read_or_none(root, name):
-    try:
-        return _read(root, name)
-    except OSError:
-        return None

@@ -30,7 +30,14 @@ from shardfs.storage.local import LocalShard
 PLAIN = TarFormat(compiled=False)
 CHUNKS = [tar.CHUNK, 1024, 1536 + 512 * 3, 64 * 1024 + 512]  # small ones end inside headers and members
 
-pytestmark = pytest.mark.skipif(tar._tarscan is None, reason="the compiled scanner is not built")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compiled_scanner():
+    """Without it every comparison here would be the plain scanner's with itself: a checkout not
+    built, or built from another _tarscan.c, fails (module scope: hypothesis takes no function fixture)."""
+    assert tar._tarscan is not None, ("the compiled scanner is not loaded (not built, or built from another "
+                                      "_tarscan.c): python setup.py build_ext --inplace")
 
 
 def scanned(result) -> tuple:

@@ -67,7 +67,7 @@ import threading
 import time
 
 import bench_dataset
-from benchlib import capped
+from benchlib import capped, sample
 from benchlib.caches import drop_caches
 from benchlib.capped import ReadCap, shard_files
 from benchlib.machine import Others, proc_status
@@ -86,14 +86,7 @@ KILL_AT = 0.25  # of epoch 2's files read by all nodes together
 
 def source_digests(shared: str) -> dict[str, str]:
     """sha256 of every source JPEG by its path under train/ (read before the cap is on)."""
-    train = os.path.join(shared, "src", "train")
-    out = {}
-    for dirpath, _dirs, files in os.walk(train):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, train)] = hashlib.sha256(f.read()).hexdigest()
-    return out
+    return sample.digests(os.path.join(shared, "src", "train"))
 
 
 class PageDropper:
@@ -393,32 +386,51 @@ def one_round(ctx, r: int) -> dict:
 
 
 def report(ctx, rounds: list[dict]) -> None:
-    a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
-    x = lambda b: b / total  # noqa: E731
-    names = [name for name in [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in a.kill_in]
+    """The figures of every round (medians and spreads), then each target and its verdict."""
+    names = [name for name in [name for name, _cap, _peers in SETUPS] + [f"kill-{c}" for c in ctx.args.kill_in]
              if all(name in r for r in rounds)]  # (--setups: some left out)
+    _report_rates(ctx, rounds, names)
+    _report_setups(ctx, rounds, names)
+    print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r if k != 'index')}")
+    if ctx.args.index_run:
+        _report_index_run(ctx, rounds)
+    _report_targets(ctx, rounds, names)
 
-    def per_epoch(name: str, fn, fmt: str) -> str:
-        return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
 
-    def fps(name: str, e: int) -> list[float]:
-        return [r[name]["epochs"][e]["fps"] for r in rounds] if name in names else []
+def _fps(rounds: list[dict], names: list[str], name: str, e: int) -> list[float]:
+    """Epoch ``e``'s files/s of setup ``name`` in each round (none if it was left out)."""
+    return [r[name]["epochs"][e]["fps"] for r in rounds] if name in names else []
 
-    def ratios(e: int, capacity: str) -> list[float]:
-        return [p / q for p, q in zip(fps(f"{capacity}-peers", e), fps(f"{capacity}-alone", e))]
 
+def _ratios(rounds: list[dict], names: list[str], e: int, capacity: str) -> list[float]:
+    """With peers over without, round by round."""
+    return [p / q for p, q in zip(_fps(rounds, names, f"{capacity}-peers", e),
+                                  _fps(rounds, names, f"{capacity}-alone", e))]
+
+
+def _report_rates(ctx, rounds: list[dict], names: list[str]) -> None:
+    a = ctx.args
     print()
-    print(f"files/s per epoch, all {n} nodes together (median [min-max] of {len(rounds)} rounds); "
+    print(f"files/s per epoch, all {a.nodes} nodes together (median [min-max] of {len(rounds)} rounds); "
           f"ratio = with peers / without, same round")
     print(f"{'epoch':<8}" + "".join(f"{h:>20}" for h in ("(a) peers", "(a) alone", "(a) ratio", "(b) peers", "(b) alone",
                                                            "(b) ratio", *(f"kill in ({c})" for c in a.kill_in))))
     for e in range(a.epochs):
         cells = []
         for capacity in ("a", "b"):
-            cells += [cell(fps(f"{capacity}-{k}", e), "{:.0f}") for k in ("peers", "alone")]
-            cells.append(cell(ratios(e, capacity), "{:.2f}"))
-        cells += [cell(fps(f"kill-{c}", e), "{:.0f}") for c in a.kill_in]
+            cells += [cell(_fps(rounds, names, f"{capacity}-{k}", e), "{:.0f}") for k in ("peers", "alone")]
+            cells.append(cell(_ratios(rounds, names, e, capacity), "{:.2f}"))
+        cells += [cell(_fps(rounds, names, f"kill-{c}", e), "{:.0f}") for c in a.kill_in]
         print(f"{e + 1:<8}" + "".join(f"{c:>20}" for c in cells))
+
+
+def _report_setups(ctx, rounds: list[dict], names: list[str]) -> None:
+    a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
+    x = lambda b: b / total  # noqa: E731
+
+    def per_epoch(name: str, fn, fmt: str) -> str:
+        return " / ".join(cell([fn(r[name]["epochs"][e]) for r in rounds], fmt) for e in range(a.epochs))
+
     print()
     print("per setup, epoch 1 / 2 / 3 (medians [min-max])")
     for name in names:
@@ -433,71 +445,84 @@ def report(ctx, rounds: list[dict]) -> None:
         print("    between peers, GB         " + per_epoch(name, lambda ep: ep["from_peers"] / 1e9, "{:.3f}"))
         print("    daemons' CPU s            " + per_epoch(name, lambda ep: ep["daemon_cpu_s"], "{:.1f}")
               + "; others' share of the CPU % " + per_epoch(name, lambda ep: 100 * (ep["others_cpu"] or 0), "{:.0f}"))
-    print(f"daemons in the capped cgroup: {all(r[k]['in_cgroup'] for r in rounds for k in r if k != 'index')}")
-    if a.index_run:
-        print()
-        print(f"index run ({len(ctx.shards)} unindexed shards): one node alone ready in "
-              f"{cell([r['index']['alone_s'] for r in rounds], '{:.1f}')} s (from its daemon's start "
-              f"{cell([r['index']['alone_work_s'] for r in rounds], '{:.2f}')} s; its index phase "
-              f"{cell([r['index']['alone_index_s'] for r in rounds], '{:.2f}')} s), {a.nodes} nodes at once with peers: "
-              f"last ready {cell([r['index']['last_ready_s'] for r in rounds], '{:.1f}')} s (from its daemon's start "
-              f"{cell([r['index']['last_work_s'] for r in rounds], '{:.2f}')} s; longest index phase "
-              f"{cell([r['index']['last_index_s'] for r in rounds], '{:.2f}')} s); indexes built "
-              f"{cell([sum(r['index']['built'].values()) for r in rounds], '{:.0f}')}, received from peers "
-              f"{cell([sum(r['index']['from_peers'].values()) for r in rounds], '{:.0f}')}; one node alone with "
-              f"its indexes made (daemon start and mount, no index work) ready in "
-              f"{cell([r['index']['alone_indexed_s'] for r in rounds], '{:.1f}')} s")
-        if a.cap_per_node:
-            print(f"  the same with each node's daemon in a cap of its own (its own link to the storage, as on a "
-                  f"cluster): last ready {cell([r['index']['own_caps']['last_ready_s'] for r in rounds], '{:.1f}')} s "
-                  f"(from its daemon's start {cell([r['index']['own_caps']['last_work_s'] for r in rounds], '{:.2f}')} s; "
-                  f"longest index phase {cell([r['index']['own_caps']['last_index_s'] for r in rounds], '{:.2f}')} s), "
-                  f"indexes built {cell([sum(r['index']['own_caps']['built'].values()) for r in rounds], '{:.0f}')}")
 
-    def judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
-        med = median(values)
-        ok = med is not None and (med <= limit if rule == "<=" else med >= limit)
-        verdict = "no figure (setup not run)" if med is None else "PASS" if ok else "FAIL"
-        print(f"{label:<66}{cell(values, fmt):>22} {rule} {limit:<6}  {verdict}")
 
+def _report_index_run(ctx, rounds: list[dict]) -> None:
+    a = ctx.args
+    print()
+    print(f"index run ({len(ctx.shards)} unindexed shards): one node alone ready in "
+          f"{cell([r['index']['alone_s'] for r in rounds], '{:.1f}')} s (from its daemon's start "
+          f"{cell([r['index']['alone_work_s'] for r in rounds], '{:.2f}')} s; its index phase "
+          f"{cell([r['index']['alone_index_s'] for r in rounds], '{:.2f}')} s), {a.nodes} nodes at once with peers: "
+          f"last ready {cell([r['index']['last_ready_s'] for r in rounds], '{:.1f}')} s (from its daemon's start "
+          f"{cell([r['index']['last_work_s'] for r in rounds], '{:.2f}')} s; longest index phase "
+          f"{cell([r['index']['last_index_s'] for r in rounds], '{:.2f}')} s); indexes built "
+          f"{cell([sum(r['index']['built'].values()) for r in rounds], '{:.0f}')}, received from peers "
+          f"{cell([sum(r['index']['from_peers'].values()) for r in rounds], '{:.0f}')}; one node alone with "
+          f"its indexes made (daemon start and mount, no index work) ready in "
+          f"{cell([r['index']['alone_indexed_s'] for r in rounds], '{:.1f}')} s")
+    if a.cap_per_node:
+        print(f"  the same with each node's daemon in a cap of its own (its own link to the storage, as on a "
+              f"cluster): last ready {cell([r['index']['own_caps']['last_ready_s'] for r in rounds], '{:.1f}')} s "
+              f"(from its daemon's start {cell([r['index']['own_caps']['last_work_s'] for r in rounds], '{:.2f}')} s; "
+              f"longest index phase {cell([r['index']['own_caps']['last_index_s'] for r in rounds], '{:.2f}')} s), "
+              f"indexes built {cell([sum(r['index']['own_caps']['built'].values()) for r in rounds], '{:.0f}')}")
+
+
+def _judge(label: str, values: list[float], rule: str, limit: float, fmt: str = "{:.2f}") -> None:
+    """One target's line: the measured median [min-max], the rule, PASS or FAIL."""
+    med = median(values)
+    ok = med is not None and (med <= limit if rule == "<=" else med >= limit)
+    verdict = "no figure (setup not run)" if med is None else "PASS" if ok else "FAIL"
+    print(f"{label:<66}{cell(values, fmt):>22} {rule} {limit:<6}  {verdict}")
+
+
+def _report_targets(ctx, rounds: list[dict], names: list[str]) -> None:
+    a, n, total = ctx.args, ctx.args.nodes, ctx.shard_bytes
+    x = lambda b: b / total  # noqa: E731
     print()
     print(f"{'target':<66}{'measured':>22}")
     print("-" * 104)
     for capacity in ("a", "b"):
-        judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
-              [x(r[f"{capacity}-peers"]["storage"]) for r in rounds if f"{capacity}-peers" in r], "<=", 1.1)
+        _judge(f"({capacity}) storage over {a.epochs} epochs, x dataset, with peers",
+               [x(r[f"{capacity}-peers"]["storage"]) for r in rounds if f"{capacity}-peers" in r], "<=", 1.1)
     for e in range(1, a.epochs):
-        judge(f"(b) epoch {e + 1} files/s, with peers / without", ratios(e, "b"), ">=", 3.0)
+        _judge(f"(b) epoch {e + 1} files/s, with peers / without", _ratios(rounds, names, e, "b"), ">=", 3.0)
     if a.index_run:
-        judge(f"index run: indexes built over all {n} nodes, x shards",
-              [sum(r["index"]["built"].values()) / len(ctx.shards) for r in rounds], "<=", 1.25)
-        variants = [("one cap shared", lambda r: r["index"])]
-        if a.cap_per_node:
-            variants.append(("a cap per node", lambda r: r["index"]["own_caps"]))
-        for label, of in variants:
-            judge(f"index run ({label}): last of {n} nodes ready, x one node alone",
-                  [of(r)["last_ready_s"] / r["index"]["alone_s"] for r in rounds], "<=", 0.5)
-            # The same from each daemon's start of work (its interpreter started, its modules imported:
-            # `ready_seconds` in its figures): N interpreters starting at once on this machine's cores are
-            # a cost that nodes with CPUs of their own do not share.
-            judge(f"index run ({label}): the same, from each daemon's start",
-                  [of(r)["last_work_s"] / r["index"]["alone_work_s"] for r in rounds
-                   if of(r)["last_work_s"] is not None and r["index"]["alone_work_s"]], "<=", 0.5)
-            judge(f"index run ({label}): longest index phase of {n} nodes, x alone",
-                  [of(r)["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
+        _judge_index_run(ctx, rounds)
     for c in a.kill_in:
         name = f"kill-{c}"
         if name not in names:
             continue
-        judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
-              [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
-        judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
-              "<=", round(1 + 1 / n + 0.1, 3))
+        _judge(f"kill in ({c}): wrong bytes or errors read by the other nodes",
+               [r[name]["wrong"] + r[name]["errors_others"] for r in rounds], "<=", 0, "{:.0f}")
+        _judge(f"kill in ({c}): storage over {a.epochs} epochs, x dataset", [x(r[name]["storage"]) for r in rounds],
+               "<=", round(1 + 1 / n + 0.1, 3))
         first = next((r[name]["first_error"] for r in rounds if r[name]["first_error"]), None)
         if first:
             print(f"kill in ({c}), first problem: {first}")
     print(f"(without peers, for scale: storage (a) {cell([x(r['a-alone']['storage']) for r in rounds if 'a-alone' in r], '{:.2f}')}x, "
           f"(b) {cell([x(r['b-alone']['storage']) for r in rounds if 'b-alone' in r], '{:.2f}')}x the dataset)")
+
+
+def _judge_index_run(ctx, rounds: list[dict]) -> None:
+    n = ctx.args.nodes
+    _judge(f"index run: indexes built over all {n} nodes, x shards",
+           [sum(r["index"]["built"].values()) / len(ctx.shards) for r in rounds], "<=", 1.25)
+    variants = [("one cap shared", lambda r: r["index"])]
+    if ctx.args.cap_per_node:
+        variants.append(("a cap per node", lambda r: r["index"]["own_caps"]))
+    for label, of in variants:
+        _judge(f"index run ({label}): last of {n} nodes ready, x one node alone",
+               [of(r)["last_ready_s"] / r["index"]["alone_s"] for r in rounds], "<=", 0.5)
+        # The same from each daemon's start of work (its interpreter started, its modules imported:
+        # `ready_seconds` in its figures): N interpreters starting at once on this machine's cores are
+        # a cost that nodes with CPUs of their own do not share.
+        _judge(f"index run ({label}): the same, from each daemon's start",
+               [of(r)["last_work_s"] / r["index"]["alone_work_s"] for r in rounds
+                if of(r)["last_work_s"] is not None and r["index"]["alone_work_s"]], "<=", 0.5)
+        _judge(f"index run ({label}): longest index phase of {n} nodes, x alone",
+               [of(r)["last_index_s"] / r["index"]["alone_index_s"] for r in rounds], "<=", 0.5)
 
 
 # ---------------------------------------------------------------------------------------------

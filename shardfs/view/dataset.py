@@ -299,32 +299,66 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
     old = {shard.path: shard for shard in previous.shards} if previous else {}
-    entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
-
-    try:  # decided for every shard before any is marked: one that cannot be asked stops the rescan
-        changed = [(path, shard) for path, shard in old.items() if path not in paths or shard.changed()]
-    except ShardIOError as exc:
-        raise RescanPostponed(str(exc)) from None
-    for path, shard in changed:  # vanished or changed since mount: EIO from now on
-        why = "disappeared" if path not in paths else "changed on disk; remount to serve its new contents"
-        shard.mark_broken(why)
-        problems.append(f"{path}: {why}; its files answer EIO")
-        ix = _stale_index(shard)
-        if ix is not None:
-            entries[path] = (ix, shard)
+    entries = _broken_since_mount(old, paths, problems)
 
     fresh = [p for p in paths if p not in entries]
-    built = from_peers = 0
     stored = index_store.stored_bytes([p for p in fresh if not is_url(p)], index_dir)
     into = MemberColumns(stored)
     # A first view's builds do not save (not with peers: others may ask for those files at once).
     # Never indexed before, its tree is filled as the indexes come.
     save_later = previous is None and fetch_index is None
     coming = _InTreeOrder(fresh, TreeBuilder()) if previous is None and layout is None and not stored else None
+    built, from_peers, unsaved = _index_fresh(fresh, old, entries, problems, index_dir=index_dir, workers=workers,
+                                              progress=progress, columns=columns, fetch_index=fetch_index, keep=keep,
+                                              into=into, save=not save_later, ready=coming)
+
+    if not entries:
+        raise UsageError("no readable shard: " + "; ".join(problems[:3]))
+    pending = {p for p, _ in unsaved}
+    # Saved behind the builds, not during them: files written alongside slowed the builds (4M
+    # members: 8.1-8.8 s instead of 6.0-6.8 s, with the same reads).
+    saving = _SaveBehind(unsaved, index_dir) if unsaved else None
+    order = sorted(entries)
+    tree = _tree_of(order, entries, coming, layout, into, problems)
+    del into, coming  # (the tree keeps the columns it took over)
+    damaged = sum(1 for p in order if entries[p][0].error)
+    ids = [entries[p][0].stored_id for p in order]
+    shards = [entries[p][1] for p in order]
+    del entries, unsaved  # (the built indexes: let go of by the writer as each is saved)
+    whole = (previous is None and len(order) == len(paths) and not any(map(is_url, order))
+             and all(i is not None or p in pending for p, i in zip(order, ids)))
+    view = Dataset(tree, shards, problems, time.monotonic() - started, built, damaged,
+                   from_peers=from_peers, index_ids=ids if whole else None, _saving=saving)
+    if not save_behind:
+        view.settle()
+    return view
+
+
+def _broken_since_mount(old: dict[str, Shard], paths: list[str], problems: list[str]) -> dict:
+    """A rescan: the shards that vanished or changed since the mount, marked broken (EIO from now
+    on) and kept in the view with the index they had: path -> (index, shard)."""
+    entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
+    try:  # decided for every shard before any is marked: one that cannot be asked stops the rescan
+        changed = [(path, shard) for path, shard in old.items() if path not in paths or shard.changed()]
+    except ShardIOError as exc:
+        raise RescanPostponed(str(exc)) from None
+    for path, shard in changed:
+        why = "disappeared" if path not in paths else "changed on disk; remount to serve its new contents"
+        shard.mark_broken(why)
+        problems.append(f"{path}: {why}; its files answer EIO")
+        ix = _stale_index(shard)
+        if ix is not None:
+            entries[path] = (ix, shard)
+    return entries
+
+
+def _index_fresh(fresh: list[str], old: dict[str, Shard], entries: dict, problems: list[str],
+                 **how_to) -> tuple[int, int, list]:
+    """Every fresh shard's index (``index_shards`` with ``how_to``) into ``entries``, what is
+    wrong with them into ``problems``: (indexes built, received from peers, built but not saved yet)."""
+    built = from_peers = 0
     unsaved: list[tuple[str, shard_index.ShardIndex]] = []
-    for path, ix, how in index_shards(fresh, index_dir, workers, progress=progress, columns=columns,
-                                      fetch_index=fetch_index, keep=keep, into=into, save=not save_later,
-                                      ready=coming):
+    for path, ix, how in index_shards(fresh, **how_to):
         if ix is None and path in old:  # unchanged a moment ago: storage failed, not the shard
             ix = _stale_index(old[path])
             if ix is None:
@@ -346,14 +380,12 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
             shard = _open_shard(path, ix)
         shard.index_path = ix.stored_at
         entries[path] = (ix, shard)
+    return built, from_peers, unsaved
 
-    if not entries:
-        raise UsageError("no readable shard: " + "; ".join(problems[:3]))
-    pending = {p for p, _ in unsaved}
-    # Saved behind the builds, not during them: files written alongside slowed the builds (4M
-    # members: 8.1-8.8 s instead of 6.0-6.8 s, with the same reads).
-    saving = _SaveBehind(unsaved, index_dir) if unsaved else None
-    order = sorted(entries)
+
+def _tree_of(order: list[str], entries: dict, coming, layout, into: MemberColumns, problems: list[str]) -> Tree:
+    """The view's tree of the shards in ``order``: the one filled as the indexes came where it has
+    them all in that order, else merged now (through the layout)."""
     newest = max(entries[p][0].shard_mtime_ns for p in order) / 1e9
     shown = [os.path.basename(p) for p in order]
     if coming is not None and coming.builder is not None and coming.added == order:
@@ -363,19 +395,8 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
         problems.extend(notes)
         tree = Tree(shown, views, default_mtime=newest, columns=into)
         del views
-    del into, coming  # (the tree keeps the columns it took over)
     problems.extend(tree.problems)
-    damaged = sum(1 for p in order if entries[p][0].error)
-    ids = [entries[p][0].stored_id for p in order]
-    shards = [entries[p][1] for p in order]
-    del entries, unsaved  # (the built indexes: let go of by the writer as each is saved)
-    whole = (previous is None and len(order) == len(paths) and not any(map(is_url, order))
-             and all(i is not None or p in pending for p, i in zip(order, ids)))
-    view = Dataset(tree, shards, problems, time.monotonic() - started, built, damaged,
-                   from_peers=from_peers, index_ids=ids if whole else None, _saving=saving)
-    if not save_behind:
-        view.settle()
-    return view
+    return tree
 
 
 def _served(ix: shard_index.ShardIndex) -> bool:

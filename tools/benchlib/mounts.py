@@ -108,15 +108,16 @@ class Mounted:
         return time.perf_counter() - t
 
 
-def wait_mounted(mnt: str, proc: subprocess.Popen, timeout: float, log: str) -> None:
+def wait_mounted(mnt: str, proc: subprocess.Popen, timeout: float, log: str | None = None) -> None:
     """Return once ``mnt`` is mounted; fail fast when the daemon died; stop it after ``timeout``."""
     deadline = time.monotonic() + timeout
+    where = f" (log {log})" if log else ""
     while not os.path.ismount(mnt):
         if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode} before mounting (log {log})")
+            raise RuntimeError(f"{proc.args[0]} ... exited with {proc.returncode} before {mnt} was mounted{where}")
         if time.monotonic() > deadline:
             stop_child(proc)
-            raise RuntimeError(f"not mounted after {timeout:.0f} s (log {log})")
+            raise RuntimeError(f"{mnt} not mounted after {timeout:.0f} s{where}")
         time.sleep(0.01)
 
 

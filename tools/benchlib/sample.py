@@ -47,6 +47,11 @@ def files_under(root: str) -> list[str]:
     return sorted(found)
 
 
+def dirs_under(root: str) -> list[str]:
+    """Relative paths of every directory below root, sorted."""
+    return sorted(os.path.relpath(os.path.join(top, name), root) for top, names, _ in os.walk(root) for name in names)
+
+
 def digests(root: str) -> dict[str, str]:
     """The sha256 of every file below root, by relative path."""
     found = {}

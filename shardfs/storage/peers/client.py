@@ -3,7 +3,9 @@ conns.py), every reply checked end to end before a byte of it is used, and each 
 
 A reply counts only if it is 206 for exactly the range asked, names the shard asked for, has
 as many bytes as asked, their CRC-32 matches the one sent, and its HMAC proves it comes from a
-holder of our key for this request and this body. Anything else is a failure of that peer.
+holder of our key for this request and this body. Anything else is a failure of that peer. All
+but the CRC is checked on the reply's head, before its body gets room (a reply of another
+status: only a short message is taken), so that no answer makes a node allocate what it says.
 
 A peer that refuses, resets, does not answer within FIRST_BYTE_S (a reply, or else a sign of
 life: an owner may be reading the shard from storage first), or sends far slower than the peers
@@ -37,6 +39,7 @@ MIN_RATE = 5e6  # bytes/s: a transfer slower than this is far below any healthy 
 SLOW_SHARE = 0.1  # ... as is one slower than this share of the running average
 RATE_SAMPLE = 1 << 20  # replies this large or larger make the running average (smaller: latency)
 BACKOFF_S, MAX_BACKOFF_S = 1.0, 60.0
+MESSAGE_LIMIT = 4096  # bytes: the longest body taken from a reply that is not the one asked for (its message)
 CONNECTIONS, PER_PEER, IDLE_S = 64, 8, 30.0
 
 
@@ -147,8 +150,9 @@ class PeerClient:
     def _checked(self, peer: str, target: str, byte_range: str, digest: str, length: int | None, budget: float,
                  transfer: float, health: bool = True) -> bytes:
         try:
-            body, seconds, headers, proof = self._get(peer, target, byte_range, length, budget, transfer)
-            self._check(headers, body, digest, byte_range, length, proof)
+            body, seconds, crc = self._get(peer, target, byte_range, digest, length, budget, transfer)
+            if zlib.crc32(body) != crc:
+                raise PeerFailure("reply failed its checksum")
         except PeerFailure as exc:
             if health:
                 self._failed(peer, str(exc), exc.down)
@@ -162,8 +166,9 @@ class PeerClient:
             self._ok(peer, len(body), seconds)
         return body
 
-    def _get(self, peer: str, target: str, byte_range: str, length: int | None, budget: float, transfer: float):
-        """(body, seconds its transfer took, headers, the request's proof), unchecked.
+    def _get(self, peer: str, target: str, byte_range: str, digest: str, length: int | None, budget: float,
+             transfer: float):
+        """(body, seconds its transfer took, the CRC-32 its signed head gives), the head checked.
 
         An owner may need a while to read a shard from storage before it replies: while no reply
         comes, the peer is asked every FIRST_BYTE_S whether it is alive at all; one that is not
@@ -184,8 +189,14 @@ class PeerClient:
                 self.counts["waits_for_owner"] += 1
             return True
 
+        def admit(status: int, h: dict, size: int) -> None:
+            if status == (206 if byte_range else 200):
+                self._check_head(h, size, digest, byte_range, length, proof)
+            elif size > MESSAGE_LIMIT:
+                raise PeerFailure(f"HTTP {status} with a body of {size} bytes")
+
         try:
-            reply = self._pool.get(peer, target, headers, FIRST_BYTE_S, ends, transfer, waiting)
+            reply = self._pool.get(peer, target, headers, FIRST_BYTE_S, ends, transfer, admit, waiting)
         except conns.Timeout as exc:
             if not exc.head:
                 raise PeerFailure(f"sent {length} bytes far slower than the peers do") from None
@@ -197,11 +208,9 @@ class PeerClient:
         except TimeoutError:
             raise PeerFailure(f"no connection within {FIRST_BYTE_S:.0f} s") from None
         if reply.status != (206 if byte_range else 200):
-            why = bytes(reply.body[:200]).decode("utf-8", "replace")
+            why = bytes(reply.body).decode("utf-8", "replace")[:200]
             raise PeerFailure(f"HTTP {reply.status}: {why}", down=reply.status != 404)
-        if length is not None and len(reply.body) != length:
-            raise PeerFailure(f"reply of {len(reply.body)} bytes for {length}")
-        return reply.body, time.monotonic() - reply.began, reply.headers, proof
+        return reply.body, time.monotonic() - reply.began, int(reply.headers["x-shardfs-crc32"])
 
     def _alive(self, peer: str) -> bool:
         """Whether the peer answers a sign-of-life request; one request per peer at a time, its
@@ -213,12 +222,15 @@ class PeerClient:
                 asking = self._alive_asks[peer] = Future()
         if not mine:
             return asking.result()
+        alive = False  # (whatever stops the ping: those waiting on it hear "not alive", never nothing)
         try:
             alive = self._ping(peer)
+        except Exception:
+            log.exception("peer %s: the sign-of-life request failed", peer)
         finally:
             with self._lock:
                 self._alive_asks.pop(peer, None)
-        asking.set_result(alive)
+            asking.set_result(alive)
         return alive
 
     @staticmethod
@@ -231,21 +243,20 @@ class PeerClient:
         except OSError:
             return False
 
-    def _check(self, h, body: bytes, digest: str, byte_range: str, length: int | None, proof: str) -> None:
-        try:
-            crc = int(h.get("x-shardfs-crc32", ""))
-        except ValueError:
-            raise PeerFailure("reply without a checksum") from None
+    def _check_head(self, h: dict, size: int, digest: str, byte_range: str, length: int | None, proof: str) -> None:
+        """The head of the reply asked for, before its body: the shard, the range, the length
+        and the HMAC over them and the CRC-32 (which the body must then match)."""
+        crc = h.get("x-shardfs-crc32", "")
+        if not crc.isdigit():
+            raise PeerFailure("reply without a checksum")
         if h.get("x-shardfs-shard") != digest:
             raise PeerFailure(f"reply for another shard ({h.get('x-shardfs-shard')})")
         if byte_range and not h.get("content-range", "").startswith(byte_range.replace("=", " ", 1) + "/"):
             raise PeerFailure(f"reply for another range ({h.get('content-range')})")
-        if length is not None and len(body) != length:
-            raise PeerFailure(f"truncated reply: {len(body)} of {length} bytes")
-        if not auth.check_reply(self.key, proof, crc, len(body), h.get("x-shardfs-proof")):
+        if length is not None and size != length:
+            raise PeerFailure(f"reply of {size} bytes for {length}")
+        if not auth.check_reply(self.key, proof, int(crc), size, h.get("x-shardfs-proof")):
             raise PeerFailure("reply not signed with our key")
-        if zlib.crc32(body) != crc:
-            raise PeerFailure("reply failed its checksum")
 
     def close(self) -> None:
         self._pool.close()

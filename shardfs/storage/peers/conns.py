@@ -9,7 +9,14 @@ The pool is bounded: at most ``total`` connections in all and ``per_peer`` to on
 of reads waits for a free one rather than opening a socket each; at the total, an idle one to
 another peer is closed to make room); idle ones are closed after ``idle_s`` (by a sweeper thread).
 Replies are parsed only as far as a peer server's replies go: a status line, headers, a body of
-Content-Length bytes; anything else fails the exchange (and its connection is closed).
+Content-Length bytes; anything else fails the exchange (and its connection is closed). A body is
+given room only once the caller's ``admit(status, headers, length)`` has taken the head (for a
+shard's bytes: no longer than asked, signed with our key): whatever answers on a peer's address
+cannot make a node allocate what it says.
+
+A kept connection that breaks before its reply (the peer closed it, reset it, or the pipe broke:
+a restarted daemon, a rebooted node, a firewall that forgot the connection) says nothing of the
+peer: the request goes out once more on a new connection before the caller hears of a failure.
 """
 
 from __future__ import annotations
@@ -18,13 +25,14 @@ import socket
 import threading
 import time
 
+from shardfs.errors import ShardfsError
 from shardfs.storage.peers.addresses import split
 
 HEAD_LIMIT = 16 << 10  # a reply head longer than this is no peer server's
 HEAD_READ = 4096  # the head is read in pieces this large (the body then lands in its buffer at once)
 
 
-class Timeout(Exception):
+class Timeout(ShardfsError):
     """No reply head, or no body, within the time given (the connection is closed)."""
 
     def __init__(self, head: bool):
@@ -32,12 +40,16 @@ class Timeout(Exception):
         self.head = head
 
 
-class Busy(Exception):
+class Busy(ShardfsError):
     """Every connection to the peer we may open was in use until the time given."""
 
 
-class Closed(ConnectionError):
-    """The connection ended before a byte of the reply (a kept connection the peer closed)."""
+class Closed(ShardfsError, ConnectionError):
+    """The connection ended, was reset or broke before a byte of the reply (on a kept one: the
+    peer closed or forgot it; asked again on a new connection)."""
+
+
+BROKEN = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # a connection that broke under us
 
 
 class Reply:
@@ -130,12 +142,13 @@ class Pool:
 
     # ---- one exchange ----------------------------------------------------------------------
 
-    def get(self, peer: str, target: str, headers: dict, head_s: float, ends: float, body_s: float,
+    def get(self, peer: str, target: str, headers: dict, head_s: float, ends: float, body_s: float, admit,
             waiting=None) -> Reply:
         """GET ``target`` from ``peer``: the reply, its body whole. The head may take until
         ``ends``; every ``head_s`` without it, ``waiting()`` is asked whether to go on (False:
-        Timeout). The body gets ``body_s`` from the head's arrival. OSError, Timeout, Busy, or
-        ValueError (a reply no peer server sends)."""
+        Timeout). ``admit(status, headers, length)`` sees the head before the body is given room
+        (it raises to refuse it). The body gets ``body_s`` from the head's arrival. OSError,
+        Timeout, Busy, ValueError (a reply no peer server sends), or what ``admit`` raises."""
         request = (f"GET {target} HTTP/1.1\r\nHost: {peer}\r\n"
                    + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
         for attempt in range(2):
@@ -146,12 +159,15 @@ class Pool:
                     sock = socket.create_connection(split(peer), timeout=self.connect_s)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(self.connect_s)  # (a kept one has the last exchange's timeout)
-                sock.sendall(request)
-                reply, keep = self._reply(sock, head_s, ends, body_s, waiting)
+                try:
+                    sock.sendall(request)
+                except BROKEN as exc:
+                    raise Closed(f"the connection broke before the request went out ({exc.strerror})") from None
+                reply, keep = self._reply(sock, head_s, ends, body_s, waiting, admit)
             except Closed:
                 self._drop(peer, sock)
                 if reused and attempt == 0:
-                    continue  # the peer closed a kept connection (restarted, idle timeout): a new one
+                    continue  # a kept connection the peer closed or forgot (restarted, rebooted): a new one
                 raise
             except BaseException:
                 self._drop(peer, sock)
@@ -164,7 +180,7 @@ class Pool:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _reply(sock: socket.socket, head_s: float, ends: float, body_s: float, waiting) -> tuple[Reply, bool]:
+    def _reply(sock: socket.socket, head_s: float, ends: float, body_s: float, waiting, admit) -> tuple[Reply, bool]:
         data = bytearray()
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > HEAD_LIMIT:
@@ -179,6 +195,10 @@ class Pool:
                 if data or waiting is None or not waiting():
                     raise Timeout(head=True) from None
                 continue
+            except BROKEN as exc:
+                if data:
+                    raise
+                raise Closed(f"the connection broke before a reply ({exc.strerror})") from None
             if not got:
                 if data:
                     raise ValueError("the reply ended within its head")
@@ -197,7 +217,8 @@ class Pool:
             headers[name.strip().lower()] = value.strip()
         if "transfer-encoding" in headers or not headers.get("content-length", "").isdigit():
             raise ValueError("a reply without a plain Content-Length")
-        length = int(headers["content-length"])
+        status, length = int(parts[1]), int(headers["content-length"])
+        admit(status, headers, length)  # (before the body has room: only a head the caller takes gets it)
         body = bytearray(length)
         have = min(len(data) - end - 4, length)
         body[:have] = data[end + 4 : end + 4 + have]
@@ -215,4 +236,4 @@ class Pool:
                 raise ConnectionError(f"the reply ended after {have} of {length} bytes")
             have += got
         keep = headers.get("connection", "").lower() != "close" and len(data) - end - 4 <= length
-        return Reply(int(parts[1]), headers, body, began), keep
+        return Reply(status, headers, body, began), keep
