@@ -18,15 +18,16 @@ apt_install() {
 have_nginx() { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }
 have_headers() { "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' 2>/dev/null; }
 if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 || ! have_nginx \
-    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null || ! command -v unsquashfs >/dev/null \
+    || ! command -v bsdtar >/dev/null || ! command -v gcc >/dev/null || ! command -v unsquashfs >/dev/null || ! command -v tar2sqfs >/dev/null \
     || ! have_headers; then
     # fuse3/libfuse3-3: the mount (the compiled loop binds libfuse3.so.3 when it starts: no
     # libfuse3-dev or pkg-config needed); gcc/libc6-dev/python3-dev: pip builds the compiled request loop
     # (shardfs/fuse/lowlevel/*.c); tar/attr: tests; squashfuse/squashfs-tools: benchmark baseline;
     # nginx: the HTTP server of the remote-source tests and benchmark (started privately, never as a service)
     # libarchive-tools: bsdtar, one of the real tar writers of the differential test (test_tar_writers.py)
+    # squashfs-tools-ng: tar2sqfs and gensquashfs, the other SquashFS writers of test_squashfs.py
     apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
-        libarchive-tools ca-certificates
+        libarchive-tools ca-certificates squashfs-tools-ng
 fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then

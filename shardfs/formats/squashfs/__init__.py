@@ -1,0 +1,77 @@
+"""SquashFS 4.0 images (``.sqfs``, ``.squashfs``) as mksquashfs 4.x and squashfs-tools-ng write
+them, served as ``unsquashfs -d`` extracts them.
+
+The index comes from the image's own tables (superblock, inode table, directory table,
+fragment table), never from its data blocks: ``tables`` reads and checks them, ``inodes`` walks
+the inodes and says where each file's bytes lie, ``directories`` turns the listings into member
+records, ``layout`` reads the files' blocks, ``codecs`` decompresses them (gzip, xz, lzma, lz4,
+zstd; lzo refused). Layout per squashfs-tools-ng's doc/format.adoc.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardfs.formats.base import ByteSource, ScanResult, ShardFormatError, Window
+from shardfs.formats.squashfs import directories, tables
+from shardfs.formats.squashfs.inodes import VIRTUAL
+from shardfs.formats.squashfs.metadata import Run
+
+READ_WINDOW = 1 << 20  # the tables are read forward in windows of this size
+
+
+class SquashfsFormat:
+    name = "squashfs"
+    suffixes = (".sqfs", ".squashfs")
+    members_as_stored = False  # see as_stored
+
+    def as_stored(self, offsets: np.ndarray) -> bool:
+        """An image whose every file is one range of it as stored (blocks stored uncompressed, as
+        mksquashfs does for JPEGs it cannot shrink) is served like a tar, by the compiled loop."""
+        return not np.any(offsets & VIRTUAL)
+
+    def scan(self, src: ByteSource) -> ScanResult:
+        """Members from the tables; damage anywhere in them refuses the image (``error``)."""
+        try:
+            records, warnings = read_members(src)
+        except ShardFormatError as exc:
+            return ScanResult(members=[], warnings=[], error=str(exc))
+        return ScanResult(members=records, warnings=warnings)
+
+    def open_layout(self, src: ByteSource, size: int):
+        from shardfs.formats.squashfs.layout import SquashfsLayout
+
+        if src.size != size:
+            raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
+        return SquashfsLayout(tables.read(Window(src, READ_WINDOW).get, size))
+
+
+def read_members(src: ByteSource):
+    """(member records, warnings); ShardFormatError on damage."""
+    get = Window(src, READ_WINDOW).get
+    t = tables.read(get, src.size)
+    tables.check_ids(get, t)
+    sb, walked = t.sb, t.inodes
+    last_block = directories.last_listing_block(walked)
+    needed: list[int] = []
+
+    def enough(starts: list, ustarts: list, total: int) -> bool:
+        # The directory table's end is not in the superblock: read it up to the block the last
+        # listing starts in, then as far as the listings reach.
+        if starts[-1] < last_block:
+            return False
+        if not needed:
+            needed.append(directories.listings_end(walked, dict(zip(starts, ustarts))))
+        return total >= needed[0]
+
+    if any(size >= 4 for _, _, size in walked.dirs.values()):
+        dirs = Run(get, sb.directory_table, sb.bytes_used, t.decompress, enough)
+        dir_data, dir_blocks = dirs.data, dict(zip(dirs.starts, dirs.ustarts))
+    else:  # only empty directories: the image may have no directory table blocks at all
+        dir_data, dir_blocks = b"", {}
+    return directories.members(t.inode_run.position(sb.root_inode >> 16, sb.root_inode & 0xFFFF), walked,
+                               dir_data, dir_blocks,
+                               dict(zip(t.inode_run.starts, t.inode_run.ustarts)), t.plan.offsets)
+
+
+FORMAT = SquashfsFormat()
