@@ -16,7 +16,8 @@ from typing import Callable
 
 from shardfs.formats.base import ShardFormatError
 
-GZIP, LZO, LZMA, XZ, LZ4, ZSTD = 1, 2, 3, 4, 5, 6
+# As the kernel (squashfs_fs.h) and both writers number them (format.adoc swaps 2 and 3).
+GZIP, LZMA, LZO, XZ, LZ4, ZSTD = 1, 2, 3, 4, 5, 6
 NAMES = {GZIP: "gzip", LZO: "lzo", LZMA: "lzma", XZ: "xz", LZ4: "lz4", ZSTD: "zstd"}
 
 Decompress = Callable[[bytes, int], bytes]
