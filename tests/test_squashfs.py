@@ -59,6 +59,9 @@ def make_tree(root: Path) -> None:
     os.symlink("sub", root / "link-to-dir")
     os.symlink("nowhere/at/all", root / "dangling")
     os.mkfifo(root / "fifo")
+    (root / "crowded").mkdir()  # a listing over 8 KiB: an extended directory inode with an index
+    for i in range(400):
+        (root / "crowded" / f"file-with-a-longish-name-{i:04d}").write_bytes(b"%d" % i)
     os.chmod(root / "tiny", 0o600)
     os.chmod(root / "sub" / "deeper" / "exact.bin", 0o755)
     os.chmod(root / "empty dir", 0o700)
@@ -160,6 +163,9 @@ def test_every_writer_variant_is_indexed_without_warnings_but_the_fifo(images):
         result = FORMAT.scan(open_shard(str(image)))
         assert result.error is None, (name, result.error)
         assert len(result.warnings) == 1 and "fifo" in result.warnings[0], (name, result.warnings)
+        types = set(tables_of(image).inodes.type.tolist())
+        assert 8 in types or name not in MKSQUASHFS, (name, types)  # mksquashfs indexes the crowded folder: ldir
+        assert 9 in types or name == "gensquashfs_lzma", (name, types)  # extended files: hard links
 
 
 @needs_fuse

@@ -86,14 +86,13 @@ def many_images(args, plain: str) -> str:
     if os.path.isdir(out) and len(os.listdir(out)) == args.images_many:
         return out
     os.makedirs(out, exist_ok=True)
-    files = sample.files_under(os.path.join(plain, "train"))
+    files = sample.files_under(plain)  # train/<class>/<file>
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for k in range(args.images_many):
             part = os.path.join(tmp, str(k))
-            for i in range(k, len(files), args.images_many):
-                rel = os.path.relpath(files[i], plain)
+            for rel in files[k :: args.images_many]:
                 os.makedirs(os.path.dirname(os.path.join(part, rel)), exist_ok=True)
-                os.link(files[i], os.path.join(part, rel))
+                os.link(os.path.join(plain, rel), os.path.join(part, rel))
             mksquashfs(part, os.path.join(out, f"part-{k:04d}.sqfs"), "zstd")
     return out
 
@@ -137,8 +136,9 @@ def main() -> int:
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir=args.workdir)
     plain, datas = make_data(args)
     methods = methods_of(datas)
-    files = len(sample.files_under(os.path.join(plain, "train")))
-    print(f"{files} JPEGs, {sum(os.path.getsize(f) for f in sample.files_under(plain)) / files / 1e3:.0f} KB mean; "
+    names = sample.files_under(plain)
+    files = len(names)
+    print(f"{files} JPEGs, {sum(os.path.getsize(os.path.join(plain, f)) for f in names) / files / 1e3:.0f} KB mean; "
           f"machine shared with other jobs: figures are noisy", flush=True)
     with Mounts() as mounts:
         res = run_rounds(methods, args.rounds, lambda meth, r: one_round(meth, mounts, PASSES, r, args.readers, 0.0,
