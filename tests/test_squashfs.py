@@ -22,7 +22,7 @@ from conftest import needs_fuse
 from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.formats.squashfs import FORMAT, tables
-from shardfs.formats.squashfs.inodes import VIRTUAL
+from shardfs.formats.base import VIRTUAL
 from shardfs.formats.base import Window
 from shardfs.storage import open_shard
 
@@ -203,16 +203,34 @@ def test_uncompressed_and_incompressible_files_are_ranges_of_the_image(images):
         assert members[f"{name}/sub/holes.bin".encode()].offset & VIRTUAL  # sparse blocks: read by the layout
 
 
-def test_an_image_of_only_uncompressed_files_is_served_as_stored(tmp_path):
+def test_an_image_of_only_uncompressed_files_has_no_virtual_offset(tmp_path):
     src = tmp_path / "flat"
     src.mkdir()
     for i in range(20):
         (src / f"{i}.bin").write_bytes(os.urandom(1000 * i + 1))
     image = mksquashfs(src, tmp_path / "flat.sqfs", "-noI", "-noD", "-noF", "-noX")
-    members = FORMAT.scan(open_shard(str(image))).members
-    import numpy as np
+    assert not any(m.offset & VIRTUAL for m in FORMAT.scan(open_shard(str(image))).members)
 
-    assert FORMAT.as_stored(np.array([m.offset for m in members], np.int64))
+
+@needs_fuse
+def test_ranges_of_the_image_are_served_by_the_compiled_loop_the_others_by_the_layout(tmp_path, mount):
+    """In one image, a file stored as one range is copied by the compiled loop from the cached
+    image, and a file in compressed blocks is read through the layout in Python (fuse/table.py)."""
+    src = tmp_path / "mixed"
+    src.mkdir()
+    (src / "random.bin").write_bytes(os.urandom(300_000))
+    (src / "text.txt").write_bytes(b"".join(b"line %d\n" % i for i in range(40000)))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    mksquashfs(src, shards / "mixed.sqfs", "-comp", "zstd", "-no-fragments")
+    members = {m.path: m for m in FORMAT.scan(open_shard(str(shards / "mixed.sqfs"))).members}
+    assert not members[b"mixed/random.bin"].offset & VIRTUAL and members[b"mixed/text.txt"].offset & VIRTUAL
+    m = mount(shards)
+    in_c = m.stats()["reads_in_c_from_ram"]
+    assert (Path(m.path) / "mixed" / "text.txt").read_bytes() == (src / "text.txt").read_bytes()
+    assert m.stats()["reads_in_c_from_ram"] == in_c  # the layout's, in Python
+    assert (Path(m.path) / "mixed" / "random.bin").read_bytes() == (src / "random.bin").read_bytes()
+    assert m.stats()["reads_in_c_from_ram"] > in_c
 
 
 @needs_fuse

@@ -54,6 +54,11 @@ class MemberRecord:
     label: int | None = None  # a dataset file's row: its label (datafile.py)
 
 
+# Set in a member's offset that is not a byte range of the shard as stored (a SquashFS file in
+# compressed blocks): only its layout can read it. The compiled loop serves a shard's other members
+# from the cached shard where the format says so (``as_stored``) and sends these to Python.
+VIRTUAL = 1 << 62
+
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)
 
 

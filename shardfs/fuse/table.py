@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from shardfs.formats.base import Kind
+from shardfs.formats.base import VIRTUAL, Kind
 from shardfs.fuse import _lowlevel
 from shardfs.index import names
 from shardfs.storage import tierfile
@@ -152,11 +152,14 @@ def from_saved(view: Dataset, slots: Slots, derived: dict) -> _lowlevel.Table:
 
 
 def _tree_arrays(tree) -> dict:
-    # A sparse member is not one byte range of the shard: an offset of -1 sends its reads to Python.
+    # A sparse member is not one byte range of the shard, nor one at a VIRTUAL offset (formats/base.py):
+    # an offset of -1 sends its reads to Python.
     offset = np.ascontiguousarray(tree.offset, np.int64)
-    if tree.sparse:
+    virtual = np.flatnonzero(offset >= VIRTUAL) if offset.max(initial=0) >= VIRTUAL else ()  # no pass: tar
+    if tree.sparse or len(virtual):
         offset = offset.copy()
         offset[list(tree.sparse)] = -1
+        offset[virtual] = -1
     return {
         "names": tree.names,
         "name_end": np.ascontiguousarray(tree.name_end, np.int64),

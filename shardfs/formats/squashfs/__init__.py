@@ -14,7 +14,6 @@ import numpy as np
 
 from shardfs.formats.base import ByteSource, ScanResult, ShardFormatError, Window
 from shardfs.formats.squashfs import directories, tables
-from shardfs.formats.squashfs.inodes import VIRTUAL
 from shardfs.formats.squashfs.metadata import Run
 
 READ_WINDOW = 1 << 20  # the tables are read forward in windows of this size
@@ -23,12 +22,13 @@ READ_WINDOW = 1 << 20  # the tables are read forward in windows of this size
 class SquashfsFormat:
     name = "squashfs"
     suffixes = (".sqfs", ".squashfs")
-    members_as_stored = False  # see as_stored
+    members_as_stored = True  # each file that is one range of the image (see as_stored)
 
     def as_stored(self, offsets: np.ndarray) -> bool:
-        """An image whose every file is one range of it as stored (blocks stored uncompressed, as
-        mksquashfs does for JPEGs it cannot shrink) is served like a tar, by the compiled loop."""
-        return not np.any(offsets & VIRTUAL)
+        """Files stored as one range of the image (blocks stored uncompressed, as mksquashfs does
+        for JPEG blocks it cannot shrink) are served like tar members, by the compiled loop from
+        the cached image; files at VIRTUAL offsets go to Python and the layout (fuse/table.py)."""
+        return True
 
     def scan(self, src: ByteSource) -> ScanResult:
         """Members from the tables; damage anywhere in them refuses the image (``error``)."""

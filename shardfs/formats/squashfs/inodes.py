@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardfs.formats.base import ShardFormatError
+from shardfs.formats.base import VIRTUAL, ShardFormatError
 
 NO_FRAGMENT = 0xFFFF_FFFF
 RAW_BLOCK = 1 << 24  # block size field: stored uncompressed
 SIZE_MASK = RAW_BLOCK - 1
-VIRTUAL = 1 << 62  # set in the offset of a file read through the layout
 MAX_FILE = 1 << 48  # 256 TiB: beyond, a size is damage (and sums of them could overflow int64)
 
 DIR, FILE, SYMLINK, BLOCK_DEV, CHAR_DEV, FIFO, SOCKET = 1, 2, 3, 4, 5, 6, 7
