@@ -23,7 +23,6 @@ from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.formats.squashfs import FORMAT, tables
 from shardfs.formats.base import VIRTUAL
-from shardfs.formats.base import Window
 from shardfs.storage import open_shard
 
 pytestmark = pytest.mark.skipif(shutil.which("mksquashfs") is None or shutil.which("tar2sqfs") is None,
@@ -288,8 +287,7 @@ def good_image(tmp_path: Path, name: str, *options: str) -> tuple[Path, dict]:
 
 
 def tables_of(image: Path):
-    shard = open_shard(str(image))
-    return tables.read(Window(shard, 1 << 20).get, shard.size)
+    return tables.read(open_shard(str(image)))
 
 
 def patch(image: Path, at: int, data: bytes) -> None:

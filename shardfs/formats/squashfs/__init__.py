@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardfs.formats.base import ByteSource, ScanResult, ShardFormatError, Window
+from shardfs.formats.base import ByteSource, ScanResult, ShardFormatError
 from shardfs.formats.squashfs import directories, tables
 from shardfs.formats.squashfs.metadata import Run
-
-READ_WINDOW = 1 << 20  # the tables are read forward in windows of this size
 
 
 class SquashfsFormat:
@@ -43,14 +41,14 @@ class SquashfsFormat:
 
         if src.size != size:
             raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
-        return SquashfsLayout(tables.read(Window(src, READ_WINDOW).get, size))
+        return SquashfsLayout(tables.read(src))
 
 
 def read_members(src: ByteSource):
     """(member records, warnings); ShardFormatError on damage."""
-    get = Window(src, READ_WINDOW).get
-    t = tables.read(get, src.size)
-    tables.check_ids(get, t)
+    t = tables.read(src)
+    tables.check_ids(t)
+    get = t.get
     sb, walked = t.sb, t.inodes
     last_block = directories.last_listing_block(walked)
     needed: list[int] = []

@@ -38,53 +38,58 @@ def members(root_at: int, inodes: Inodes, data: bytes, dir_blocks: dict[int, int
     """The records of every entry under the root (directories before what they hold), and the
     warnings for entries left out. ``data``: the directory table's bytes; ``*_blocks``: block
     position -> where its bytes begin; ``file_offsets``: each regular file's logical offset."""
-    index = {int(at): i for i, at in enumerate(inodes.at.tolist())}
-    file_index = {int(at): i for i, at in enumerate(inodes.files["at"].tolist())}
-    sizes = inodes.files["size"].tolist()
-    offsets = file_offsets.tolist()
-    mode, mtime, types = inodes.mode.tolist(), inodes.mtime.tolist(), inodes.type.tolist()
+    at = inodes.at.tolist()
+    index = dict(zip(at, range(len(at))))  # inode position -> inode number in table order
+    basic = np.where(inodes.type > EXTENDED, inodes.type - EXTENDED, inodes.type).tolist()
+    file_no = np.full(len(at), -1, np.int64)
+    file_no[np.searchsorted(inodes.at, inodes.files["at"])] = np.arange(len(inodes.files))
+    file_no = file_no.tolist()
+    sizes, offsets = inodes.files["size"].tolist(), file_offsets.tolist()
+    mode, mtime = inodes.mode.tolist(), inodes.mtime.astype(np.float64).tolist()
     records: list[MemberRecord] = []
+    add = records.append
     bad_names: list[bytes] = []
     specials: list[bytes] = []
-    if index.get(root_at) is None or types[index[root_at]] not in (DIR, DIR + EXTENDED):
+    root = index.get(root_at)
+    if root is None or basic[root] != DIR:
         raise ShardFormatError("the root inode is not a directory")
-    seen = {root_at}
-    stack = [(root_at, b"")]
+    seen = {root}
+    stack = [(root, b"")]
     while stack:
-        at, path = stack.pop()
-        for name, child in _entries(at, inodes, data, dir_blocks, inode_blocks, index, types):
-            if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
-                bad_names.append(path + b"/" + name)  # unsquashfs refuses such names too
+        i_dir, path = stack.pop()
+        prefix = path + b"/" if path else b""
+        for name, i in _entries(at[i_dir], inodes, data, dir_blocks, inode_blocks, index, basic):
+            if b"/" in name or b"\0" in name or name == b"." or name == b"..":
+                bad_names.append(prefix + name)  # unsquashfs refuses such names too
                 continue
-            full = path + b"/" + name if path else name
-            i = index[child]
-            t = types[i]
-            t = t - EXTENDED if t > EXTENDED else t
+            full = prefix + name
+            t = basic[i]
             if t == FILE:
-                f = file_index[child]
-                records.append(MemberRecord(full, Kind.FILE, offsets[f], sizes[f], mode[i], float(mtime[i])))
+                f = file_no[i]
+                add(MemberRecord(full, Kind.FILE, offsets[f], sizes[f], mode[i], mtime[i]))
             elif t == DIR:
-                if child in seen:
+                if i in seen:
                     raise ShardFormatError(f"directory {full!r} is reached twice (a loop in the directory table)")
-                seen.add(child)
-                records.append(MemberRecord(full, Kind.DIR, 0, 0, mode[i], float(mtime[i])))
-                stack.append((child, full))
+                seen.add(i)
+                add(MemberRecord(full, Kind.DIR, 0, 0, mode[i], mtime[i]))
+                stack.append((i, full))
             elif t == SYMLINK:
-                records.append(MemberRecord(full, Kind.SYMLINK, 0, 0, mode[i], float(mtime[i]), inodes.links[child]))
+                add(MemberRecord(full, Kind.SYMLINK, 0, 0, mode[i], mtime[i], inodes.links[at[i]]))
             else:
                 specials.append(full)
     warnings = []
     if bad_names:
-        warnings.append(f"{len(bad_names)} entries with a name that is empty, '.', '..' or holds '/' or NUL "
+        warnings.append(f"{len(bad_names)} entries with a name that is '.', '..' or holds '/' or NUL "
                         f"left out (as unsquashfs does), e.g. {bad_names[0]!r}")
     if specials:
-        warnings.append(f"{len(specials)} device nodes, fifos or sockets not served, e.g. {specials[0].decode(errors='replace')}")
+        warnings.append(f"{len(specials)} device nodes, fifos or sockets not served, e.g. "
+                        f"{specials[0].decode(errors='replace')}")
     return records, warnings
 
 
 def _entries(at: int, inodes: Inodes, data: bytes, dir_blocks: dict[int, int], inode_blocks: dict[int, int],
-             index: dict[int, int], types: list[int]):
-    """(name, inode position) of each entry of the directory at ``at``."""
+             index: dict[int, int], basic: list[int]):
+    """(name, inode number in table order) of each entry of the directory at ``at``."""
     block, offset, size = inodes.dirs[at]
     if size < 4:
         return  # empty: no listing
@@ -104,12 +109,11 @@ def _entries(at: int, inodes: Inodes, data: bytes, dir_blocks: dict[int, int], i
                 raise ShardFormatError(f"directory at {at}: a bad listing header")
             for _ in range(count + 1):
                 off, _delta, t, name_size = entry(data, pos)
-                name = data[pos + 8 : pos + 9 + name_size]
+                name = data[pos + 8 : pos + 9 + name_size]  # never empty: the size is stored less one
                 pos += 9 + name_size
-                child = base + off
-                i = index.get(child)
-                if i is None or (types[i] - EXTENDED if types[i] > EXTENDED else types[i]) != t or pos > end:
+                i = index.get(base + off)
+                if i is None or basic[i] != t or pos > end:
                     raise ShardFormatError(f"directory at {at}: entry {name!r} names no inode of its type")
-                yield name, child
+                yield name, i
     except struct.error:
         raise ShardFormatError(f"directory at {at}: its listing is cut short") from None

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardfs.formats.base import ShardFormatError
+from shardfs.formats.base import ByteSource, ShardFormatError, Window
 from shardfs.formats.squashfs import codecs, inodes, metadata, superblock
 from shardfs.formats.squashfs.codecs import Decompress
 from shardfs.formats.squashfs.inodes import FRAGMENT_DTYPE, Inodes, Plan
 from shardfs.formats.squashfs.metadata import Get, Run
+from shardfs.storage.base import ShardIOError
 
 
 @dataclass(slots=True)
@@ -23,10 +24,23 @@ class Tables:
     inodes: Inodes
     fragments: np.ndarray  # FRAGMENT_DTYPE
     plan: Plan
+    get: Get  # reads of the image (forward windows) for what else the caller reads
 
 
-def read(get: Get, file_size: int) -> Tables:
-    sb = superblock.parse(get(0, superblock.SUPERBLOCK.size), file_size)
+READ_WINDOW = 1 << 20  # the tables are read forward in windows of this size
+
+
+def read(src: ByteSource) -> Tables:
+    """The image's tables, read from the inode table's start on (never its data blocks), and the
+    Window they were read through (the directory table follows them)."""
+    try:
+        head = src.pread(0, superblock.SUPERBLOCK.size)
+    except ShardIOError as exc:
+        if exc.unavailable:
+            raise
+        raise ShardFormatError(f"read error at offset 0: {exc.strerror}") from None
+    sb = superblock.parse(head, src.size)
+    get = Window(src, READ_WINDOW).get
     decompress = codecs.decompressor(sb.compressor)
     run = Run(get, sb.inode_table, sb.directory_table, decompress)
     walked = inodes.walk(run.data, sb.block_size, sb.inode_count)
@@ -39,13 +53,13 @@ def read(get: Get, file_size: int) -> Tables:
         plan = inodes.plan(run.data, walked.files, fragments, sb.block_size, sb.bytes_used)
     else:
         plan = Plan(np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.uint32), np.zeros(0, np.int64))
-    return Tables(sb, decompress, run, walked, fragments, plan)
+    return Tables(sb, decompress, run, walked, fragments, plan, get)
 
 
-def check_ids(get: Get, t: Tables) -> None:
+def check_ids(t: Tables) -> None:
     """Every inode's owner and group index names an entry of the id table (unsquashfs refuses
     an image where one does not)."""
     sb = t.sb
-    metadata.lookup_table(get, sb.id_table, sb.id_count, 4, sb.bytes_used, t.decompress, "id")
+    metadata.lookup_table(t.get, sb.id_table, sb.id_count, 4, sb.bytes_used, t.decompress, "id")
     if len(t.inodes.uid) and max(int(t.inodes.uid.max()), int(t.inodes.gid.max())) >= sb.id_count:
         raise ShardFormatError(f"an inode's owner or group is not among the id table's {sb.id_count} entries")
