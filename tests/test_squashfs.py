@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import needs_fuse
+from conftest import force_unmount, needs_fuse
 from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.formats.squashfs import FORMAT, tables
@@ -230,6 +230,11 @@ def test_ranges_of_the_image_are_served_by_the_compiled_loop_the_others_by_the_l
     assert m.stats()["reads_in_c_from_ram"] == in_c  # the layout's, in Python
     assert (Path(m.path) / "mixed" / "random.bin").read_bytes() == (src / "random.bin").read_bytes()
     assert m.stats()["reads_in_c_from_ram"] > in_c
+    force_unmount(m.path, m.pid)
+    again = mount(shards, name="remount")  # the view saved by the first mount, mapped
+    assert again.stats()["view_mapped"]
+    for name in ("text.txt", "random.bin"):
+        assert (Path(again.path) / "mixed" / name).read_bytes() == (src / name).read_bytes()
 
 
 @needs_fuse
