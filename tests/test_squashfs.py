@@ -272,6 +272,25 @@ def test_lzo_image_is_refused_with_one_line(tmp_path):
     assert result.members == [] and "lzo" in result.error and "\n" not in result.error
 
 
+def test_an_empty_image_a_lone_file_and_an_empty_file(tmp_path):
+    """An empty root (no directory table blocks at all: the fragment table starts where it would),
+    one file at the root, one empty file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    got = {}
+    for name, content in (("empty", None), ("lone", b"x\n"), ("zero", b"")):
+        if content is not None:
+            (src / "only").write_bytes(content)
+        image = tmp_path / f"{name}.sqfs"
+        run("mksquashfs", src, image, "-noappend", "-quiet", "-no-progress", "-no-fragments")
+        shard = open_shard(str(image))
+        result = FORMAT.scan(shard)
+        assert result.error is None and not result.warnings, (name, result.error)
+        layout = FORMAT.open_layout(shard, shard.size)
+        got[name] = {m.path: layout.read(m.offset, m.size, shard.pread) for m in result.members}
+    assert got == {"empty": {}, "lone": {b"only": b"x\n"}, "zero": {b"only": b""}}
+
+
 def test_registered_by_suffix():
     assert format_for("/x/a.sqfs") is FORMAT and format_for("/x/a.squashfs") is FORMAT
 

@@ -64,7 +64,7 @@ def parse(raw: bytes, file_size: int) -> Superblock:
         raise ShardFormatError(f"inode table at {inode_table} and directory table at {dir_table} do not fit "
                                f"the image ({used} bytes)")
     for name, at in (("id", id_table), ("fragment", frag_table), ("export", export_table), ("xattr", xattr_table)):
-        if at != ABSENT and not dir_table < at < used:
+        if at != ABSENT and not dir_table <= at < used:  # equal: an empty directory table
             raise ShardFormatError(f"{name} table at {at} lies outside the image's tables")
     if frags and frag_table == ABSENT:
         raise ShardFormatError(f"{frags} fragments but no fragment table")
