@@ -91,8 +91,9 @@ def _tree(root: str) -> dict[bytes, tuple]:
 
 
 def seeds() -> list[bytes]:
-    """Small images by mksquashfs (each compressor, fragments or not, 4K blocks) and damaged
-    copies of one; none when mksquashfs is not installed."""
+    """Small images by mksquashfs (each compressor, fragments or not, 4K blocks; uncompressed ones,
+    whose structure mutations reach; a crowded folder) and damaged copies of one; none when
+    mksquashfs is not installed."""
     if shutil.which("mksquashfs") is None:
         return []
     out = []
@@ -117,6 +118,18 @@ def seeds() -> list[bytes]:
                 data = f.read()
             _WRITTEN[hashlib.sha256(data).hexdigest()] = tree
             out.append(data)
+        crowded = os.path.join(tmp, "crowded")  # a listing over 8 KiB: an extended directory with an index
+        os.makedirs(crowded)
+        for i in range(300):
+            with open(os.path.join(crowded, f"entry-{i:04d}"), "wb") as f:
+                f.write(b"%d" % i)
+        image = os.path.join(tmp, "crowded.img")
+        subprocess.run(["mksquashfs", crowded, image, "-noappend", "-quiet", "-no-progress", "-nopad", "-noI", "-noD",
+                        "-noF", "-noX"], check=True, capture_output=True)
+        with open(image, "rb") as f:
+            data = f.read()
+        _WRITTEN[hashlib.sha256(data).hexdigest()] = _tree(crowded)
+        out.append(data)
     base = out[0]
     out.append(base[: len(base) // 2])  # cut short
     for at in (20, 28, 40, 64, len(base) // 2, len(base) - 40):  # compressor, sizes, table positions, tables
