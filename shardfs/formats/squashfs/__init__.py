@@ -64,12 +64,12 @@ def read_members(src: ByteSource):
 
     if any(size >= 4 for _, _, size in walked.dirs.values()):
         dirs = Run(get, sb.directory_table, sb.bytes_used, t.decompress, enough)
-        dir_data, dir_blocks = dirs.data, dict(zip(dirs.starts, dirs.ustarts))
+        dir_data, dir_blocks = dirs.data, dirs.block_map()
     else:  # only empty directories: the image may have no directory table blocks at all
         dir_data, dir_blocks = b"", {}
     return directories.members(t.inode_run.position(sb.root_inode >> 16, sb.root_inode & 0xFFFF), walked,
                                dir_data, dir_blocks,
-                               dict(zip(t.inode_run.starts, t.inode_run.ustarts)), t.plan.offsets)
+                               t.inode_run.block_map(), t.plan.offsets)
 
 
 FORMAT = SquashfsFormat()

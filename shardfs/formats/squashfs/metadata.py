@@ -61,7 +61,6 @@ class Run:
                 raise ShardFormatError(f"metadata tables expand beyond {MAX_TABLES >> 20} MiB")
             pos = nxt
         self.data = b"".join(parts)
-        self.end = pos  # where the run stopped
 
     def position(self, block: int, offset: int) -> int:
         """Where a reference (block position relative to the table, offset) is in ``data``."""
@@ -71,6 +70,7 @@ class Run:
         return self.ustarts[i] + offset
 
     def block_map(self) -> dict[int, int]:
+        """Block position relative to the table -> where its bytes begin in ``data``."""
         return dict(zip(self.starts, self.ustarts))
 
 
