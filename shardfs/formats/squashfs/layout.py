@@ -5,7 +5,7 @@ A virtual offset is found among the virtual files by a binary search; the file's
 from the image (through the RAM cache: ``fetch``), decompressed once into the bounded cache that
 lz4 blocks and Parquet pages share, and kept there while the file's neighbours (the same fragment
 block, the next block) are read. A block stored uncompressed is served from the cached image
-as is. Per virtual file the layout keeps five numbers, per block its 4-byte size field.
+as is. Per virtual file the layout keeps 40 bytes (six numbers), per block its 4-byte size field.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ class SquashfsLayout:
         self._frag = files["frag"][v]
         self._frag_off = files["frag_off"][v]
         n = files["n"][v]
-        self._n = n
-        self._first = np.cumsum(n) - n
+        self._first = np.cumsum(n) - n  # where each file's block sizes start in ``_sizes``
         self._sizes = plan.sizes[np.repeat(v, files["n"])]
         self._fragments = t.fragments
         self._bs, self._end, self._decompress = t.sb.block_size, t.sb.bytes_used, t.decompress
@@ -57,7 +56,9 @@ class SquashfsLayout:
         """Block ``k`` of virtual file ``i``, as long as the file has bytes there (the last one shorter)."""
         bs = self._bs
         want = min(bs, int(self._size[i]) - k * bs)
-        if k < int(self._n[i]):
+        size = int(self._size[i])
+        blocks = size // bs if int(self._frag[i]) != NO_FRAGMENT else -(-size // bs)  # as inodes.walk counts
+        if k < blocks:
             first = int(self._first[i])
             field = int(self._sizes[first + k])
             stored = field & SIZE_MASK
