@@ -19,7 +19,7 @@ have_headers() { "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.e
 # the commands the apt line below brings (nginx lives in /usr/sbin)
 missing_command() {
     local cmd
-    for cmd in "$PYTHON" fusermount3 gcc bsdtar unsquashfs zip unzip 7z fuse-zip; do
+    for cmd in "$PYTHON" fusermount3 gcc bsdtar unsquashfs tar2sqfs zip unzip 7z fuse-zip; do
         command -v "$cmd" >/dev/null || return 0
     done
     [ ! -x /usr/sbin/nginx ] && ! command -v nginx >/dev/null
@@ -31,9 +31,10 @@ if missing_command || ! ldconfig -p | grep -q "libfuse3.so.[34]" || ! have_heade
     # squashfuse/squashfs-tools: benchmark baseline; nginx: the HTTP server of the remote-source
     # tests and benchmark (started privately, never as a service); libarchive-tools: bsdtar, one of
     # the real tar writers of the differential test (test_tar_writers.py); zip/unzip/p7zip-full:
-    # the zip writers and extractors of test_zip.py; fuse-zip: bench_zip.py's peer
+    # the zip writers and extractors of test_zip.py; fuse-zip: bench_zip.py's peer; squashfs-tools-ng:
+    # tar2sqfs and gensquashfs, the other SquashFS writers of test_squashfs.py
     apt_install python3 fuse3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
-        libarchive-tools ca-certificates zip unzip p7zip-full fuse-zip
+        libarchive-tools ca-certificates zip unzip p7zip-full fuse-zip squashfs-tools-ng
 fi
 # clang-14 and its sanitizer and libFuzzer runtimes (libclang-rt-14-dev): the tar scanner's C
 # fuzzed with libFuzzer (tools/libfuzzer/run.sh, a short run in .ci/run)

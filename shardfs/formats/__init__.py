@@ -7,7 +7,7 @@ import importlib
 from shardfs.formats.base import ShardFormat, ShardFormatError  # noqa: F401 (re-exported)
 
 _BY_SUFFIX = {".tar": "tar", ".lz4shard": "lz4shard", ".parquet": "parquet", ".arrow": "arrowipc", ".h5": "hdf5",
-              ".hdf5": "hdf5", ".zip": "zip"}
+              ".hdf5": "hdf5", ".zip": "zip", ".sqfs": "squashfs", ".squashfs": "squashfs"}
 # Dataset files (datafile.py): each row a sample, shown as SPLIT/CLASS/NAME.EXT.
 DATA_FORMATS = ("parquet", "arrow", "hdf5")
 

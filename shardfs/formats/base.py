@@ -54,8 +54,10 @@ class MemberRecord:
     label: int | None = None  # a dataset file's row: its label (datafile.py)
 
 
-# Set in a member's offset where its bytes lie in compressed data (Parquet pages, zip members): the
-# rest says where to the format's layout, and the compiled loop sends its reads to Python.
+# Set in a member's offset that is not a byte range of the shard as stored (Parquet's compressed
+# pages, a zip's compressed members, a SquashFS file in compressed blocks): the rest says where to
+# the format's layout, which alone can read it. The compiled loop serves a shard's other members
+# from the cached shard where the format says so (``as_stored``) and sends these to Python.
 VIRTUAL = 1 << 62
 
 SMALL_DATA = 32  # a scan may keep the data of members up to this size (WebDataset .cls labels)

@@ -153,11 +153,11 @@ def from_saved(view: Dataset, slots: Slots, derived: dict) -> _lowlevel.Table:
 
 
 def _tree_arrays(tree) -> dict:
-    # A sparse member is not one byte range of the shard, nor is one in compressed data (a virtual
-    # offset: Parquet pages, zip members): an offset of -1 sends its reads to Python.
+    # A sparse member is not one byte range of the shard, nor one at a VIRTUAL offset (formats/base.py:
+    # Parquet pages, zip members, SquashFS blocks): an offset of -1 sends its reads to Python.
     offset = np.ascontiguousarray(tree.offset, np.int64)
-    virtual = (offset & VIRTUAL) != 0
-    if tree.sparse or virtual.any():
+    virtual = np.flatnonzero(offset >= VIRTUAL) if offset.max(initial=0) >= VIRTUAL else ()  # no pass: tar
+    if tree.sparse or len(virtual):
         offset = offset.copy()
         offset[list(tree.sparse)] = -1
         offset[virtual] = -1
