@@ -10,7 +10,7 @@ of the same files, mounted as one tree by shardfs: its first mount's index time 
 minus a remount) against `unsquashfs -lls` of every image, one after another. Medians of the
 rounds with their [min-max] spread; ratios measured in the same run. Run as root (drop_caches):
 
-    python3 tools/bench_squashfs.py --images 2000 --rounds 3
+    .venv/bin/python tools/bench_squashfs.py --images 2000 --rounds 3
 """
 
 from __future__ import annotations

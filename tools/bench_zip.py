@@ -14,8 +14,8 @@ its spread [min-max], all through the real CLIs.
 
 Run as root (the page cache is dropped before cold epochs)::
 
-    python3 tools/bench_zip.py --json /tmp/bench-zip.json
-    python3 tools/bench_zip.py --members 100000 --classes 10 --per-class 100 --repeat 2   # a quick look
+    .venv/bin/python tools/bench_zip.py --json /tmp/bench-zip.json
+    .venv/bin/python tools/bench_zip.py --members 100000 --classes 10 --per-class 100 --repeat 2   # a quick look
 
 Mounts are always undone, also on SIGTERM / Ctrl-C; processes are only signalled by the pid this
 run started.
