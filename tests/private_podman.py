@@ -20,6 +20,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from shardfs.service.status import shardfs_mounts
 
 NEEDED = ("podman", "runc", "debootstrap", "catatonit")
@@ -103,3 +105,13 @@ class Podman:
             subprocess.run(["umount", "--lazy", mnt], check=False)
         subprocess.run(["umount", "--recursive", "--lazy", str(self.store)], check=False)
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    """A private podman for a test module, closed (everything it made removed) after it."""
+    p = Podman(tmp_path_factory.mktemp("podman"))
+    try:
+        yield p
+    finally:
+        p.close()

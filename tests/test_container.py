@@ -14,7 +14,7 @@ import pytest
 import yaml
 from benchlib import sample
 from benchlib.cli import REPO
-from private_podman import Podman, missing_parts
+from private_podman import missing_parts, podman  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(missing_parts() is not None, reason=str(missing_parts()))]
@@ -25,15 +25,6 @@ BASE = "localhost/shardfs-test-base:bookworm"
 IMAGE = "localhost/shardfs-test:latest"
 FUSE = ("--device", "/dev/fuse", "--cap-add", "SYS_ADMIN")
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
-
-
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    p = Podman(tmp_path_factory.mktemp("podman"))
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from benchlib.cli import REPO
-from private_podman import Podman, debian_archive, missing_parts
+from private_podman import debian_archive, missing_parts, podman  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
               pytest.mark.skipif(missing_parts() is not None, reason=str(missing_parts()))]
@@ -55,15 +55,6 @@ def copy_checkout(rootfs: str) -> str:
     pack.stdin.close()
     assert unpack.wait() == 0 and pack.wait() == 0
     return "/root/shardfs"
-
-
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    p = Podman(tmp_path_factory.mktemp("podman"))
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.mark.parametrize("suite", ["bookworm", "trixie"], ids=["debian12", "debian13"])
