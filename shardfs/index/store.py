@@ -121,8 +121,9 @@ def _same_columns(index: ShardIndex, columns: Columns) -> bool:
 def _left_out_what_we_serve(index: ShardIndex) -> bool:
     """An older version's index that left out sparse files, absolute names or the members after
     damage (an older file format), or names with '..' (any format; its warnings and error say so):
-    this version serves them, so it is rebuilt."""
-    if any("name climbs out of the tree (..)" in w for w in index.warnings):
+    this version serves them, so it is rebuilt. So is one that served names with '..' without their
+    leading part (``a/../../x`` as ``x``): this version serves them where they resolve, or not at all."""
+    if any("name climbs out of the tree (..)" in w or "served without their leading" in w for w in index.warnings):
         return True
     return index.legacy and (bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings))
 
