@@ -28,6 +28,12 @@ if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3 
     apt_install fuse3 libfuse3-3 gcc libc6-dev python3-dev tar attr squashfuse squashfs-tools nginx \
         libarchive-tools ca-certificates
 fi
+# Compressed tars: pigz, zstd, xz, bzip2 write the real archives of tests/test_compressed_tars.py;
+# archivemount is a baseline of tools/bench_ctar.py.
+if ! command -v pigz >/dev/null || ! command -v zstd >/dev/null || ! command -v xz >/dev/null \
+    || ! command -v bzip2 >/dev/null || ! command -v archivemount >/dev/null; then
+    apt_install pigz zstd xz-utils bzip2 archivemount
+fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv

@@ -6,7 +6,6 @@ elsewhere, by a fingerprint of the object's bytes."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
@@ -175,8 +174,7 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
 
 def _built(shard, columns: Columns, keep) -> ShardIndex:
     """``keep(shard)``: a context around the build that keeps what it reads (storage/buildfill.py)."""
-    with keep(shard) if keep is not None else contextlib.nullcontext():
-        return build(shard, columns)
+    return build(shard, columns, keep)
 
 
 def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False,
