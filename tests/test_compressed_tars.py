@@ -309,3 +309,22 @@ def test_a_remount_without_a_tier_decompresses_each_shard_once_as_readers_ask(ar
     want = {os.path.join(again.path, os.fsdecode(k)): v[1] for k, v in entries(str(ref)).items() if v[0] == "file"}
     assert {p: hashlib.sha256(data).hexdigest() for p, data in got.items()} == {p: want[p] for p in got}
     assert again.stats()["decompressed"]["streams"] == 3
+
+
+@needs_fuse
+def test_a_remount_from_the_saved_view_serves_the_decompressed_tar(archives, tmp_path, mount):
+    """The saved view keeps each compressed shard's stored and decompressed sizes: a remount that
+    maps it serves the same bytes (read through the stream, not the stored file's bytes)."""
+    from conftest import shardfs_cmd, wait_for
+
+    _, ref, paths = archives
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("gz", "plain"):
+        shutil.copy(paths[name], src)
+    first = mount(src, name="first")
+    wait_for(lambda: "view saved in" in first.log(), first.log)
+    shardfs_cmd("umount", first.path, check=True)
+    again = mount(src, name="again")
+    assert "view mapped from" in again.log() and again.stats()["view_mapped"]
+    assert entries(again.path) == {k: v for k, v in entries(str(ref)).items() if k.split(b"/")[0] in (b"gz", b"plain")}

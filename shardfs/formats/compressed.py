@@ -96,24 +96,33 @@ def codec_of(head: bytes) -> Codec | None:
 
 
 class _ShardFile(io.RawIOBase):
-    """A shard's bytes (``pread``) as a file read front to back, in large reads."""
+    """A shard's bytes (``pread``) as a file read front to back, ``window`` at a time (the readers
+    ask for 8-128 KiB; a remote object is read 8 MiB a request)."""
 
-    def __init__(self, pread: Callable[[int, int], bytes], size: int, watch=None):
-        self.pread, self.size, self.pos, self.watch = pread, size, 0, watch
+    def __init__(self, pread: Callable[[int, int], bytes], size: int, window: int, watch=None):
+        self.pread, self.size, self.window, self.watch = pread, size, max(window, READ), watch
+        self.pos = 0  # the next byte handed out
+        self._buf, self._at = b"", 0  # the last window read, and where in it ``pos`` is
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf) -> int:
-        n = min(len(buf), READ, self.size - self.pos)
-        if n <= 0:
-            return 0
-        data = self.pread(self.pos, n)
-        buf[: len(data)] = data
-        self.pos += len(data)
+        if self._at == len(self._buf):
+            n = min(self.window, self.size - self.pos)
+            if n <= 0:
+                return 0
+            self._buf, self._at = self.pread(self.pos, n), 0
+            if not self._buf:
+                return 0
+        n = min(len(buf), len(self._buf) - self._at)
+        data = memoryview(self._buf)[self._at : self._at + n]
+        buf[:n] = data
+        self._at += n
+        self.pos += n
         if self.watch is not None:
             self.watch(data)
-        return len(data)
+        return n
 
 
 class ZstdFrames:
@@ -180,10 +189,10 @@ class Stream:
     were read so far. Errors of the data are ShardFormatError (with the offset in the
     decompressed stream); a failed read of the shard stays a ShardIOError."""
 
-    def __init__(self, codec: Codec, pread: Callable[[int, int], bytes], size: int):
+    def __init__(self, codec: Codec, pread: Callable[[int, int], bytes], size: int, window: int = READ):
         self.codec, self.pos = codec, 0
         self.frames = ZstdFrames() if codec.name == "zstd" else None
-        self.raw = _ShardFile(pread, size, self.frames)
+        self.raw = _ShardFile(pread, size, window, self.frames)
         self._reader = codec.open(self.raw)
         _count("streams", 1)
 

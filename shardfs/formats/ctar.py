@@ -94,7 +94,7 @@ class SpooledShard(_Decompressed):
         scratch = scratch or tempfile.gettempdir()
         self._fd = _scratch_file(scratch)
         try:
-            size = _spool(compressed.Stream(codec, stored.pread, stored.size), self._fd, _room(scratch))
+            size = _spool(compressed.Stream(codec, stored.pread, stored.size, stored.window), self._fd, _room(scratch))
         except BaseException:
             os.close(self._fd)
             raise
@@ -170,7 +170,8 @@ class StreamShard(_Decompressed):
                 if self._restarts == 1:
                     log.warning("%s: read out of order while neither cache holds it: each such read "
                                 "decompresses it again from its start (give it a disk tier, or more RAM)", self.path)
-            stream = self._stream = compressed.Stream(_codec(self.stored), self.stored.pread, self.stored.size)
+            stream = self._stream = compressed.Stream(_codec(self.stored), self.stored.pread, self.stored.size,
+                                                      self.stored.window)
             self._behind = bytearray()
         behind = self._behind
         while stream.pos < offset + length:
@@ -199,3 +200,10 @@ def stored_of(shard: Shard) -> Shard:
     """The shard as stored, under a decompressed view and the layers that wrap one (peers)."""
     inner = getattr(shard, "inner", shard)
     return getattr(inner, "stored", inner)
+
+
+def logical_size_of(shard: Shard) -> int:
+    """The size of the tar a compressed shard decompresses to (under the layers that wrap it); 0
+    for any other shard."""
+    inner = getattr(shard, "inner", shard)
+    return inner.size if isinstance(inner, _Decompressed) else 0

@@ -54,7 +54,7 @@ from shardfs.dirs import cache_dir
 from shardfs.index import store as index_store
 from shardfs.index.index_file import file_id
 from shardfs.storage.local import LocalShard
-from shardfs.formats.ctar import stored_of
+from shardfs.formats.ctar import logical_size_of, stored_of
 from shardfs.view.dataset import Dataset, serving
 from shardfs.view.tree import Tree
 
@@ -114,7 +114,7 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str 
         # (a compressed tar: the file's size, then the size of the tar it decompresses to)
         "shards": [[s.path, stored_of(s).size, s.mtime_ns, s.index_path, list(i),
                     index_store.looked_at_first(s.path, s.index_path, index_dir),
-                    s.size if stored_of(s) is not s else 0]
+                    logical_size_of(s)]
                    for s, i in zip(view.shards, view.index_ids)],
         "problems": view.problems, "damaged": view.damaged, "tree": values, "arrays": [],
     }
