@@ -217,6 +217,8 @@ def test_mounted_as_tar_extracts_them_mixed_with_a_plain_tar(archives, mount):
     assert not different
     assert m.stats()["problems"] == 0 and m.stats()["shards"] == len(WRITERS)
     assert m.stats()["decompressed"]["streams"] == len(WRITERS) - 1  # each compressed one once: the plain tar never
+    assert os.getxattr(m.path + "/gzinside/text.txt", "user.shardfs.format") == b"ctar"
+    assert os.getxattr(m.path + "/plain/text.txt", "user.shardfs.format") == b"tar"
     # a hard link: the same bytes under both names (served as two files, as the index resolves links)
     assert served[b"gz/sub/hard.bin"][1] == served[b"gz/random.bin"][1]
 

@@ -28,7 +28,7 @@ import os
 import tempfile
 import threading
 
-from shardfs.formats import compressed
+from shardfs.formats import compressed, format_for
 from shardfs.formats.base import OtherFormat, ShardFormatError
 from shardfs.formats.tar import TarFormat
 from shardfs.storage.base import Shard, ShardIOError
@@ -207,3 +207,12 @@ def logical_size_of(shard: Shard) -> int:
     for any other shard."""
     inner = getattr(shard, "inner", shard)
     return inner.size if isinstance(inner, _Decompressed) else 0
+
+
+def format_name(shard: Shard) -> str:
+    """The format a served shard is read as: a compressed tar by what it is, not by its name (a
+    .tar that is gzip inside; a .tar.gz that is a plain tar)."""
+    if logical_size_of(shard):
+        return FORMAT.name
+    fmt = format_for(shard.path)
+    return "tar" if fmt is FORMAT else fmt.name  # (REGISTRY's plain format of a compressed tar's suffix)
