@@ -14,6 +14,8 @@ import subprocess
 import tarfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import force_unmount, needs_fuse
 from tar_corpus import reference_entries
@@ -330,3 +332,55 @@ def test_a_remount_from_the_saved_view_serves_the_decompressed_tar(archives, tmp
     again = mount(src, name="again")
     assert "view mapped from" in again.log() and again.stats()["view_mapped"]
     assert entries(again.path) == {k: v for k, v in entries(str(ref)).items() if k.split(b"/")[0] in (b"gz", b"plain")}
+
+
+# ---- built by hypothesis, and the fuzz target's inputs ------------------------------------
+
+_names = st.text(st.characters(codec="utf-8", exclude_characters="\0/"), min_size=1, max_size=30)
+_file_sets = st.dictionaries(st.lists(_names, min_size=1, max_size=3).map("/".join), st.binary(max_size=3000),
+                             min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=_file_sets, codec=st.sampled_from(["gzip", "zstd", "xz", "bzip2"]), pieces=st.integers(1, 3))
+def test_trees_through_each_codec_are_served_as_written(tmp_path, files, codec, pieces):
+    """Any small tree, written by tarfile, compressed in 1-3 members/frames/streams: every file
+    served with the bytes written, under the name tarfile gave it."""
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    plain = out.getvalue()
+    pack = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor(write_checksum=True).compress,
+            "xz": lzma.compress, "bzip2": bz2.compress}[codec]
+    step = -(-len(plain) // pieces)
+    path = tmp_path / f"h-{codec}-{pieces}.tar.gz"
+    path.write_bytes(b"".join(pack(plain[i : i + step]) for i in range(0, len(plain), step)))
+    ix = shard_index.build(str(path))
+    assert ix.format == "ctar" and ix.error is None and ix.logical_size == len(plain)
+    served = {ix.name(i): plain[ix.offset[i] : ix.offset[i] + ix.size[i]] for i in range(len(ix)) if ix.kind[i] == 0}
+    with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
+        want = {m.name.encode(): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert served == want
+
+
+def test_the_fuzz_targets_seeds_and_corpus_replay():
+    """tests/fuzz/targets/ctar_stream.py (see its docstring), its seeds and the inputs fuzzing found."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuzz", "targets"))
+    import ctar_stream
+
+    corpus = os.path.join(os.path.dirname(__file__), "fuzz", "corpus", "ctar_stream")
+    inputs = ctar_stream.seeds() + [open(os.path.join(corpus, n), "rb").read() for n in sorted(os.listdir(corpus))]
+    assert len(inputs) > 20 and all(len(x) < 64 << 10 for x in inputs)
+    for data in inputs:
+        ctar_stream.one_input(data)
