@@ -384,3 +384,13 @@ def test_the_fuzz_targets_seeds_and_corpus_replay():
     assert len(inputs) > 20 and all(len(x) < 64 << 10 for x in inputs)
     for data in inputs:
         ctar_stream.one_input(data)
+
+
+def test_verify_and_ls_read_the_decompressed_tar(archives):
+    from conftest import shardfs_cmd
+
+    src, ref, _ = archives
+    done = shardfs_cmd("verify", str(src))
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = shardfs_cmd("ls", "-R", str(src))
+    assert listed.returncode == 0 and "random.bin" in listed.stdout and "zstframes:" in listed.stdout
