@@ -78,8 +78,9 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def reference_entries(root: Path) -> dict[bytes, tuple[str, object]]:
-    """Relative name -> ("file", sha256) / ("symlink", target) / ("dir", None) / ("other", None)."""
+def reference_entries(root: Path, attrs: bool = False) -> dict[bytes, tuple]:
+    """Relative name -> ("file", sha256) / ("symlink", target) / ("dir", None) / ("other", None);
+    ``attrs``: each also with its permission bits (None for a symlink) and whole-second mtime."""
     found = {}
     base = os.fsencode(root)
     for dirpath, dirnames, filenames in os.walk(base):
@@ -96,6 +97,8 @@ def reference_entries(root: Path) -> dict[bytes, tuple[str, object]]:
                     found[rel] = ("file", sha256(f.read()))
             else:
                 found[rel] = ("other", None)
+            if attrs:
+                found[rel] += (None if stat.S_ISLNK(st.st_mode) else stat.S_IMODE(st.st_mode), int(st.st_mtime))
     return found
 
 

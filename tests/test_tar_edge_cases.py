@@ -46,9 +46,9 @@ def compare(case: tar_corpus.Case) -> tuple[int, list[bytes], list[str], str]:
 
 
 def _climbed(name: bytes, notes: str) -> bool:
-    """A member tar >= 1.29 refuses for its '..' and the mount serves under the name tar gives it
-    (test_names_that_climb_are_served_as_gnu_tar_names_them compares their bytes)."""
-    return any(f" as {names.show(name)}" in line for line in notes.splitlines() if "names with '..' served" in line)
+    """A member tar >= 1.29 refuses for its '..' and the mount serves at the path it resolves to
+    (test_names_with_dots_are_served_where_they_resolve compares their bytes)."""
+    return any(f" as {names.show(name)}" in line for line in notes.splitlines() if "member names with '..': " in line)
 
 
 def test_edge_suite_is_served_as_tar_extracts_it(suite):
@@ -86,54 +86,86 @@ def test_every_sparse_encoding_is_kept_as_runs(suite, kind):
 def test_names_are_normalised_as_tar_does(suite):
     served, notes = served_entries(next(c for c in suite if c.name == "names-tarfile"))
     assert served[b"abs/x.txt"][0] == served[b"two/slashes.txt"][0] == served[b"a/b/c.txt"][0] == "file"
-    assert served[b"up.txt"] == ("file", tar_corpus.sha256(b"climbs"))
+    assert b"up.txt" not in served  # ../up.txt resolves outside the tree
     assert served[b"down.txt"] == ("file", tar_corpus.sha256(b"dotdot")) and b"a/down.txt" not in served
-    assert "a.tar: 2 member names with '..' served" in notes
+    assert ("a.tar: member names with '..': 1 served at the path they resolve to (a/../down.txt as down.txt); "
+            "1 refused: they resolve outside the tree (../up.txt)") in notes
 
 
-def test_names_that_climb_are_served_as_gnu_tar_names_them(tmp_path):
-    """`folder/../ufo` or `../root/bar`: GNU tar names them `ufo` and `root/bar` ("Removing leading
-    `folder/../' from member names"); since 1.29 (CVE-2016-6321) `tar -x` then refuses them ("Member
-    name contains '..'"), the mount serves them under that name, never outside the tree, with one
-    line for the shard. A name with nothing left once stripped is left out, named in that line."""
+def test_names_with_dots_are_served_where_they_resolve(tmp_path):
+    """`folder/../ufo` is served as `ufo`, `a/b/../c` as `a/c` (Python's tarfile `data` filter
+    extracts them there); `../root/bar`, `a/../../b/c` and `/../x` resolve outside the tree and are
+    never served, nor is a file that resolves to the top (`q/..`); one line for the shard. GNU tar
+    extracts none of them ("Member name contains '..'"), so the reference is tarfile's filter."""
     shard = tmp_path / "a.tar"
     shard.write_bytes(archive(member(b"folder/../ufo", b"ufo\n"), member(b"../root/bar", b"bar\n"),
                               member(b"a/../../b/c", b"c\n"), member(b"q/..", b"nothing\n"),
+                              member(b"/../x", b"x\n"), member(b"a/b/../c", b"ac\n"),
                               member(b"kept.txt", b"kept\n")))
-    case = tar_corpus.Case("climbing", [shard], tar_corpus.extract([shard], tmp_path / "reference"))
+    case = tar_corpus.Case("dots", [shard], tar_corpus.extract([shard], tmp_path / "reference"))
     assert reference_entries(case.reference) == {b"kept.txt": ("file", tar_corpus.sha256(b"kept\n"))}
     served, notes = served_entries(case)
-    expected = {b"ufo": b"ufo\n", b"root/bar": b"bar\n", b"b/c": b"c\n", b"kept.txt": b"kept\n"}
+    expected = {b"ufo": b"ufo\n", b"a/c": b"ac\n", b"kept.txt": b"kept\n"}
     assert {name: entry for name, entry in served.items() if entry[0] == "file"} == {
         name: ("file", tar_corpus.sha256(data)) for name, data in expected.items()}
-    assert set(served) == set(expected) | {b"root", b"b"}  # and their folders: nothing else, no ".."
+    assert set(served) == set(expected) | {b"a"}  # and its folder: nothing else, no "..", no root/ nor b/
     lines = [line for line in notes.splitlines() if "'..'" in line]
-    assert lines == ["a.tar: 3 member names with '..' served without their leading `folder/../', `../', "
-                     "`a/../../', as GNU tar names them (folder/../ufo as ufo, ../root/bar as root/bar, "
-                     "a/../../b/c as b/c); 1 left out with no name left once stripped of '..' (q/..)"], notes
+    assert lines == ["a.tar: member names with '..': 2 served at the path they resolve to (folder/../ufo as ufo, "
+                     "a/b/../c as a/c); 3 refused: they resolve outside the tree (../root/bar, a/../../b/c, /../x); "
+                     "1 files left out: they resolve to the top of the tree (q/..)"], notes
+    assert _data_filter_names(shard) == {"ufo", "a/c", "kept.txt"}
+
+
+def _data_filter_names(shard) -> set[str]:
+    """Where Python's tarfile `data` filter puts each member it does not refuse."""
+    import posixpath
+    import tarfile
+
+    kept = set()
+    with tarfile.open(shard) as tar:
+        for info in tar.getmembers():
+            try:
+                tarfile.data_filter(info, "/dest")
+            except tarfile.FilterError:
+                continue
+            kept.add(posixpath.relpath(posixpath.normpath(posixpath.join("/dest", info.name.lstrip("/"))), "/dest"))
+    return kept - {"."}
 
 
 @needs_fuse
-def test_a_shard_of_only_climbing_names_mounts(tmp_path, mount):
+def test_a_mount_serves_dots_inside_and_nothing_outside(tmp_path, mount):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "a.tar").write_bytes(archive(member(b"../one.txt", b"one\n"), member(b"x/../two.txt", b"two\n")))
+    (src / "a.tar").write_bytes(archive(member(b"../one.txt", b"one\n"), member(b"x/../two.txt", b"two\n"),
+                                        member(b"bars-evil-dir/../../x", b"evil\n")))
+    (src / "b.tar").write_bytes(archive(member(b"d/e/../f.txt", b"f\n")))
     m = mount(src)
-    assert sorted(os.listdir(m.path)) == ["one.txt", "two.txt"]
-    assert [open(os.path.join(m.path, n), "rb").read() for n in ("one.txt", "two.txt")] == [b"one\n", b"two\n"]
-    assert not (tmp_path / "one.txt").exists() and not (src / "one.txt").exists()
-    assert m.output.count("names with '..' served") == 1
+    assert sorted(os.listdir(m.path)) == ["d", "two.txt"]
+    assert open(os.path.join(m.path, "two.txt"), "rb").read() == b"two\n"
+    assert open(os.path.join(m.path, "d/f.txt"), "rb").read() == b"f\n" and os.listdir(m.path + "/d") == ["f.txt"]
+    for gone in ("one.txt", "x", "x/two.txt", "bars-evil-dir"):
+        assert not os.path.lexists(os.path.join(m.path, gone))
+    assert not (tmp_path / "one.txt").exists() and not (tmp_path / "x").exists()
+    assert m.output.count("member names with '..': ") == 2
+    assert ("a.tar: member names with '..': 1 served at the path they resolve to (x/../two.txt as two.txt); "
+            "2 refused: they resolve outside the tree (../one.txt, bars-evil-dir/../../x)") in m.output
+    assert "b.tar: member names with '..': 1 served at the path they resolve to (d/e/../f.txt as d/f.txt)" in m.output
 
 
-def test_an_index_that_refused_climbing_names_is_rebuilt(tmp_path):
-    """An index an older version built, which refused names with '..', is built again."""
+@pytest.mark.parametrize("old_line", ["a.tar: member ../one.txt refused: name climbs out of the tree (..)",
+                                      "a.tar: 1 member names with '..' served without their leading `../', as GNU tar "
+                                      "names them (../one.txt as one.txt)"])
+def test_an_index_of_the_old_rules_for_dots_is_rebuilt(tmp_path, old_line):
+    """An index an older version built, which refused names with '..' or served them without their
+    leading part, is built again under this version's rule."""
     shard = tmp_path / "a.tar"
-    shard.write_bytes(archive(member(b"../one.txt", b"one\n"), member(b"kept.txt", b"kept\n")))
+    shard.write_bytes(archive(member(b"../one.txt", b"one\n"), member(b"x/../two.txt", b"two\n"),
+                              member(b"kept.txt", b"kept\n")))
     old = index.build(str(shard))
-    old.warnings = ["a.tar: member ../one.txt refused: name climbs out of the tree (..)"]
+    old.warnings = [old_line]
     index_file.save(old, store.candidate_paths(str(shard), str(tmp_path / "cache"))[0])
     found, how = store.load_or_build(str(shard), str(tmp_path / "cache"))
-    assert how == "built" and sorted(found.name(i) for i in range(len(found))) == [b"kept.txt", b"one.txt"]
+    assert how == "built" and sorted(found.name(i) for i in range(len(found))) == [b"kept.txt", b"two.txt"]
     assert store.load_or_build(str(shard), str(tmp_path / "cache"))[1] == "loaded"  # once
 
 

@@ -43,6 +43,12 @@ if ! command -v clang-14 >/dev/null || ! ls /usr/lib/llvm-14/lib/clang/*/lib/lin
     apt_install clang-14 libclang-rt-14-dev \
         || echo "setup.sh: no clang-14 in this distribution's archive: tools/libfuzzer/run.sh cannot build" >&2
 fi
+# Compressed tars: pigz, zstd, xz, bzip2 write the real archives of tests/test_compressed_tars.py;
+# archivemount is a baseline of tools/bench_ctar.py.
+if ! command -v pigz >/dev/null || ! command -v zstd >/dev/null || ! command -v xz >/dev/null \
+    || ! command -v bzip2 >/dev/null || ! command -v archivemount >/dev/null; then
+    apt_install pigz zstd xz-utils bzip2 archivemount
+fi
 # The distribution's python3 makes venvs only with python3-venv (ensurepip) installed.
 if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv

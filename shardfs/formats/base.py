@@ -67,6 +67,15 @@ class ShardFormatError(ShardfsError):
     """The shard is damaged or not of the format it claims; the message says where."""
 
 
+class OtherFormat(Exception):
+    """A scan found at the shard's start the magic of another format (formats.REGISTRY): a ``.tar``
+    that is gzip inside. The index build then reads it as that one (shard_index.build)."""
+
+    def __init__(self, head: bytes):
+        super().__init__("the shard's first bytes are another format's")
+        self.head = head
+
+
 @dataclass(slots=True)
 class ScanResult:
     members: list[MemberRecord]

@@ -26,13 +26,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shardfs.formats import sparse
+from shardfs.formats import carries_magic, sparse
 from shardfs.formats.base import (
     SMALL_DATA,
     AsStored,
     ByteSource,
     Kind,
     MemberRecord,
+    OtherFormat,
     ScanResult,
     ShardFormatError,
     Window,
@@ -349,6 +350,8 @@ class TarFormat(AsStored):
                 if header.count(0) == BLOCK:
                     return  # end-of-archive marker
                 if not _checksum_ok(header):
+                    if pos == 0 and carries_magic(header):  # a tar compressed inside: tar -x reads it too
+                        raise OtherFormat(header)
                     # GNU tar: "Skipping to next header"; what was read for this member is dropped.
                     after = _skip_damage(win, pos + BLOCK, size)
                     skipped.append([pos, (after - pos) // BLOCK])

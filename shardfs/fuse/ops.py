@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Callable
 
-from shardfs.formats import format_for
+from shardfs.formats.ctar import format_name
 from shardfs.formats.base import ShardFormatError
 from shardfs.fuse.lib import load as load_fuse
 from shardfs.view.dataset import Dataset
@@ -104,7 +104,7 @@ class ShardFS(fuse.Operations):
             if name == XATTR_OFFSET:
                 return str(tree.col.offset[m]).encode()
             if name == XATTR_FORMAT:
-                return format_for(shard.path).name.encode()
+                return format_name(shard).encode()
         raise fuse.FuseOSError(errno.ENODATA)
 
     # ---- data ------------------------------------------------------------

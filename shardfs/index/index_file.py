@@ -90,6 +90,7 @@ def save(index: ShardIndex, path: str) -> None:
         "error": index.error,
         "classes": index.classes,
         "columns": index.columns,
+        "logical_size": index.logical_size,
         "arrays": [[name, a.dtype.str, len(a)] for name, a in arrays],
     }).encode()
     parts = [meta, bytes(_pad(len(meta)))]
@@ -231,6 +232,7 @@ def _parse(body: np.ndarray, meta_len: int, names: bytes, columns: MemberColumns
         sparse=sparse,
         classes=meta.get("classes"),
         columns=meta.get("columns", ""),
+        logical_size=meta.get("logical_size", 0),
         **{name: arrays[name] for name in ARRAYS},
     )
     check(index)

@@ -41,16 +41,22 @@ def normalise(raw: bytes) -> bytes:
     return path
 
 
-def strip_climb(raw: bytes) -> tuple[bytes, bytes]:
-    """GNU tar's prefix stripping ("Removing leading `folder/../' from member names"): the name
-    after its last ``..`` component, and the part removed; ``(raw, b"")`` for a name without one.
-    What is left cannot climb, so it stays in the tree."""
-    parts = raw.split(b"/")
-    last = max((i for i, part in enumerate(parts) if part == b".."), default=-1)
-    if last < 0:
-        return raw, b""
-    rest = parts[last + 1 :]
-    return b"/".join(rest), b"/".join(parts[: last + 1]) + (b"/" if rest else b"")
+def resolve_dots(raw: bytes) -> bytes | None:
+    """A name with ``..`` components resolved as the path they lead to (``folder/../ufo`` ->
+    ``ufo``, ``a/b/../c`` -> ``a/c``), as Python's tarfile ``data`` filter places them; None for a
+    name that resolves outside the tree (``../x``, ``a/../../x``, ``/../x``), which is never served.
+    Leading slashes are stripped first, as for every name (normalise). Resolved by the name alone:
+    a link of the archive on its way does not change where it leads (replay.py places a member
+    under a link to a folder of the archive, never outside)."""
+    parts: list[bytes] = []
+    for part in raw.split(b"/"):
+        if part == b"..":
+            if not parts:
+                return None
+            parts.pop()
+        elif part not in (b"", b"."):
+            parts.append(part)
+    return b"/".join(parts)
 
 
 def path_hash(path: bytes) -> int:

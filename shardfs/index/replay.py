@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 from shardfs.formats.base import Kind, MemberRecord
-from shardfs.index.names import BadName, normalise, parent_of, show, strip_climb
+from shardfs.index.names import BadName, normalise, parent_of, resolve_dots, show
 
 MAX_MTIME = 253402300799  # 9999-12-31T23:59:59
 _DIR, _HARDLINK, _SYMLINK = Kind.DIR, Kind.HARDLINK, Kind.SYMLINK
@@ -26,19 +26,19 @@ def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[st
     member the end of the shard cuts short (formats.base.ScanResult.cut)."""
     state = Replay(warn)
     kept, dirs, full = state.kept, state.dirs, state.full
-    climbing = Climbing()
+    dots = Dots()
     for rec in records:
         try:
             path = normalise(rec.path)
         except BadName as why:
             if rec.kind == _DIR and not rec.path.strip(b"./"):
                 continue  # "./": the root itself, as `tar -C dir .` writes it
-            path = climbing.stripped(rec.path)
+            path = dots.resolved(rec.path, rec.kind == _DIR)
             if path is None:
                 warn(f"member {show(rec.path)} refused: name {why}")
                 continue
             if not path:
-                continue  # nothing left: named in climbing's line
+                continue  # not served: named in the line of dots
         kind = rec.kind
         if kind == _HARDLINK:
             target = kept.get(_target_name(rec.link))
@@ -64,62 +64,67 @@ def extracted(records: list[MemberRecord], cut: bytes | None, warn: Callable[[st
         cut = _target_name(cut)
         if cut is not None and state.cut(cut):
             warn(f"member {show(cut)}: a later member of this name is cut short; neither is served")
-    climbing.report(warn)
+    dots.report(warn)
     return list(kept.values())
 
 
 def _target_name(raw: bytes) -> bytes | None:
-    """A hard link's target (or a cut member's name) as tar -x names it, or None if it has none."""
+    """A hard link's target (or a cut member's name) as the tree names it, or None if it has none."""
+    resolved = resolve_dots(raw)
     try:
-        return normalise(strip_climb(raw)[0])
+        return None if resolved is None else normalise(resolved)
     except BadName:
         return None
 
 
-class Climbing:
-    """Names with a ``..`` component, served without the leading part up to and including the
-    last one, as GNU tar names them ("Removing leading `folder/../' from member names"; tar >= 1.29
-    then refuses to extract them, CVE-2016-6321, but the stripped name cannot leave the tree);
-    one log line per shard, not one per member."""
+class Dots:
+    """Names with a ``..`` component: served at the path they resolve to inside the tree
+    (``folder/../ufo`` as ``ufo``), as Python's tarfile ``data`` filter extracts them; never a
+    name that resolves outside it (``../x``, ``a/../../x``), nor a file that resolves to the top
+    (``q/..``). (GNU tar >= 1.29 extracts none of them, CVE-2016-6321.) One log line per shard,
+    not one per member."""
 
     SHOWN = 3
 
     def __init__(self):
         self.served: list[tuple[bytes, bytes]] = []  # (name in the archive, name served)
-        self.removed: list[bytes] = []  # the leading parts, in the order first met
-        self.left_out: list[bytes] = []
+        self.outside: list[bytes] = []
+        self.top: list[bytes] = []
 
-    def stripped(self, raw: bytes) -> bytes | None:
-        """The name to serve ``raw`` under; b"" if nothing is left of it; None if it has no ``..``
-        (refused for another reason)."""
-        rest, removed = strip_climb(raw)
-        if not removed:
+    def resolved(self, raw: bytes, is_dir: bool) -> bytes | None:
+        """The name to serve ``raw`` under; b"" if it is not served (counted here); None if it has
+        no ``..`` (refused for another reason)."""
+        if b".." not in raw.split(b"/"):
             return None
-        try:
-            path = normalise(rest)
-        except BadName:  # empty once stripped ("folder/.."), or too long, or a NUL byte
-            self.left_out.append(raw)
+        path = resolve_dots(raw)
+        if path is None:
+            self.outside.append(raw)
             return b""
-        if removed not in self.removed:
-            self.removed.append(removed)
+        try:
+            path = normalise(path)
+        except BadName:  # the top itself ("q/.."), or too long, or a NUL byte
+            if not is_dir:  # a folder resolving to the top is the top: nothing to say
+                self.top.append(raw)
+            return b""
         self.served.append((raw, path))
         return path
 
     def report(self, warn: Callable[[str], None]) -> None:
-        if not self.served and not self.left_out:
-            return
+        def some(items) -> str:
+            return ", ".join(items[: self.SHOWN]) + (" ..." if len(items) > self.SHOWN else "")
+
         parts = []
         if self.served:
-            leading = ", ".join(f"`{show(r)}'" for r in self.removed[: self.SHOWN])
-            examples = ", ".join(f"{show(raw)} as {show(path)}" for raw, path in self.served[: self.SHOWN])
-            parts.append(f"{len(self.served)} member names with '..' served without their leading "
-                         f"{leading}{' ...' if len(self.removed) > self.SHOWN else ''}, as GNU tar names them "
-                         f"({examples}{' ...' if len(self.served) > self.SHOWN else ''})")
-        if self.left_out:
-            shown = ", ".join(show(raw) for raw in self.left_out[: self.SHOWN])
-            parts.append(f"{len(self.left_out)} left out with no name left once stripped of '..' "
-                         f"({shown}{' ...' if len(self.left_out) > self.SHOWN else ''})")
-        warn("; ".join(parts))
+            parts.append(f"{len(self.served)} served at the path they resolve to "
+                         f"({some([f'{show(raw)} as {show(path)}' for raw, path in self.served])})")
+        if self.outside:
+            parts.append(f"{len(self.outside)} refused: they resolve outside the tree "
+                         f"({some([show(raw) for raw in self.outside])})")
+        if self.top:
+            parts.append(f"{len(self.top)} files left out: they resolve to the top of the tree "
+                         f"({some([show(raw) for raw in self.top])})")
+        if parts:
+            warn("member names with '..': " + "; ".join(parts))
 
 
 class Replay:

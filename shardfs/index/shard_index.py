@@ -18,7 +18,9 @@ import numpy as np
 from shardfs.index import fingerprint, labels
 from shardfs.index import plain, replay
 from shardfs.index.names import path_hash, path_hashes  # noqa: F401 (this module's names for them)
-from shardfs.formats import DATA_FORMATS, ShardFormatError, format_for
+import contextlib
+
+from shardfs.formats import DATA_FORMATS, OtherFormat, ShardFormatError, format_for, format_of
 from shardfs.formats.datafile import Columns
 from shardfs.formats.base import Kind, ScanResult, Window
 from shardfs.storage import open_shard
@@ -80,6 +82,9 @@ class ShardIndex:
     # class names the file carries, and the --columns it was built with ("" by convention).
     classes: list[str] | None = None
     columns: str = ""
+    # A compressed tar (formats/ctar.py): the size of the tar it decompresses to, the logical stream
+    # its offsets point into; 0 for every other shard (its logical stream is the shard as stored).
+    logical_size: int = 0
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -89,32 +94,75 @@ class ShardIndex:
         return self.names[start : int(self.name_end[i])]
 
 
-def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
+def build(shard: Shard | str, columns: Columns = Columns(), keep=None) -> ShardIndex:
     """Scan a shard (or the shard at a path or URL) and vet every member name. Damage is
     recorded, never raised; a shard that cannot be read at all raises ShardIOError
-    (``unavailable``) and nothing is recorded. ``columns``: dataset files' image and label."""
+    (``unavailable``) and nothing is recorded. ``columns``: dataset files' image and label.
+    ``keep(shard)``: a context around the scan that keeps what it reads (storage/buildfill.py); a
+    compressed tar's scan reads its decompressed tar (formats/ctar.py), and so that is kept."""
     if isinstance(shard, str):
         opened = open_shard(shard)
         try:
-            return build(opened, columns)
+            return build(opened, columns, keep)
         finally:
             opened.close()
     fmt = format_for(shard.path)
     if fmt is None:
         raise ValueError(f"{shard.path}: not a known shard type")
+    try:
+        return _scanned(shard, fmt, columns, keep)
+    except OtherFormat as other:  # (what the scan read is not kept: it left the keeper by this)
+        actual = format_of(shard.path, other.head)
+    if actual is None or actual is fmt:
+        return _refused(shard, fmt, columns, "not of the format its name says, nor of another")
+    try:
+        return _scanned(shard, actual, columns, keep)
+    except OtherFormat:
+        return _refused(shard, actual, columns, "not of the format its name says, nor of another")
+
+
+def _scanned(shard: Shard, fmt, columns: Columns, keep) -> ShardIndex:
+    """The index of ``shard`` read as ``fmt``; a compressed tar through its decompressed tar."""
+    if not getattr(fmt, "decompresses", False):
+        with keep(shard) if keep is not None else contextlib.nullcontext():
+            return _build(shard, fmt, columns)
+    try:
+        logical = fmt.spooled(shard)
+    except ShardFormatError as exc:  # damaged: refused whole (ctar.py says why)
+        return _refused(shard, fmt, columns, str(exc))
+    try:
+        with keep(logical) if keep is not None else contextlib.nullcontext():
+            return _build(logical, fmt, columns, stored=shard)
+    except OtherFormat:  # a .tar.gz.gz: tar -x does not read it either
+        return _refused(shard, fmt, columns, "compressed twice (its decompressed bytes are compressed again)")
+    finally:
+        logical.close()
+
+
+def _refused(shard: Shard, fmt, columns: Columns, why: str) -> ShardIndex:
+    return _index(shard, fmt, ScanResult(members=[], warnings=[], error=why), columns, None, shard)
+
+
+def _build(shard: Shard, fmt, columns: Columns, stored: Shard | None = None) -> ShardIndex:
+    """``stored``: the shard as stored, when ``shard`` is its decompressed tar."""
     data_file = fmt.name in DATA_FORMATS
     keeping = None
     try:
         if data_file:
             result = fmt.scan(shard, columns)
         elif getattr(fmt, "gives_columns", False):  # tar: its plain members as the compiled scanner's columns
-            keeping = fingerprint.Keeping(shard)
+            keeping = fingerprint.Keeping(shard) if stored is None else shard
             result = fmt.scan(keeping, columns=True)
         else:
             result = fmt.scan(shard)
     except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
         result = ScanResult(members=[], warnings=[], error=str(exc))
-    shown = shard.name
+    return _index(shard, fmt, result, columns, keeping if stored is None else None, stored or shard)
+
+
+def _index(shard: Shard, fmt, result: ScanResult, columns: Columns, keeping, stored: Shard) -> ShardIndex:
+    data_file = fmt.name in DATA_FORMATS
+    shown = stored.name
     warnings = [f"{shown}: {w}" for w in result.warnings]
     found = plain.members(result.columns, result.cut) if result.columns is not None else None
     if found is None:
@@ -123,10 +171,10 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         found = _replayed(shard, fmt, result, data_file, lambda line: warnings.append(f"{shown}: {line}"))
     return ShardIndex(
         format=fmt.name,
-        shard_size=shard.size,
-        shard_mtime_ns=shard.mtime_ns,
-        shard_tag=getattr(shard, "tag", ""),
-        shard_fingerprint=fingerprint.of(shard, keeping.kept if keeping else None),
+        shard_size=stored.size,
+        shard_mtime_ns=stored.mtime_ns,
+        shard_tag=getattr(stored, "tag", ""),
+        shard_fingerprint=fingerprint.of(stored, keeping.kept if keeping else None),
         names=found.blob,
         name_end=found.name_end,
         kind=found.kind,
@@ -145,6 +193,7 @@ def build(shard: Shard | str, columns: Columns = Columns()) -> ShardIndex:
         cls_value=found.cls_value,
         classes=result.classes,
         columns=str(columns) if data_file else "",
+        logical_size=shard.size if shard is not stored else 0,
     )
 
 

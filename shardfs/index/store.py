@@ -6,7 +6,6 @@ elsewhere, by a fingerprint of the object's bytes."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
@@ -121,8 +120,9 @@ def _same_columns(index: ShardIndex, columns: Columns) -> bool:
 def _left_out_what_we_serve(index: ShardIndex) -> bool:
     """An older version's index that left out sparse files, absolute names or the members after
     damage (an older file format), or names with '..' (any format; its warnings and error say so):
-    this version serves them, so it is rebuilt."""
-    if any("name climbs out of the tree (..)" in w for w in index.warnings):
+    this version serves them, so it is rebuilt. So is one that served names with '..' without their
+    leading part (``a/../../x`` as ``x``): this version serves them where they resolve, or not at all."""
+    if any("name climbs out of the tree (..)" in w or "served without their leading" in w for w in index.warnings):
         return True
     return index.legacy and (bool(index.error) or any("sparse" in w or "is absolute" in w for w in index.warnings))
 
@@ -174,8 +174,7 @@ def _save_first(index: ShardIndex, candidates: list[str], shard_path: str,
 
 def _built(shard, columns: Columns, keep) -> ShardIndex:
     """``keep(shard)``: a context around the build that keeps what it reads (storage/buildfill.py)."""
-    with keep(shard) if keep is not None else contextlib.nullcontext():
-        return build(shard, columns)
+    return build(shard, columns, keep)
 
 
 def load_or_build_remote(url: str, index_dir: str | None = None, rebuild: bool = False,

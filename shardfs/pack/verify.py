@@ -36,6 +36,7 @@ from shardfs.formats.base import Kind
 from shardfs.formats.datafile import Columns
 from shardfs.storage import open_shard
 from shardfs.storage.base import ShardIOError, is_url
+from shardfs.view.dataset import serving
 from shardfs.view.sources import find_shards
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -136,7 +137,7 @@ def _check_members(shard, ix, report: ShardReport, decode: bool, expected: dict 
     except ShardFormatError as exc:
         bad(f"{shown}: {exc}")
         return
-    fetch = shard.pread
+    fetch = serving(shard, ix.format, ix.logical_size).pread  # a compressed tar: its decompressed tar
     bad_ranges = []
     block_size = getattr(layout, "block_size", None)
     if block_size:  # lz4: read (CRC-check and decompress) every block

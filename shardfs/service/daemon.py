@@ -23,6 +23,7 @@ from shardfs.view import layouts
 from shardfs.view.progress import IndexProgress
 from shardfs.view.progress import describe as describe_progress
 from shardfs.view.sources import find_shards
+from shardfs.formats import compressed, format_for
 from shardfs.formats.datafile import Columns
 from shardfs.storage import deadline, remote
 from shardfs.storage.base import is_url
@@ -87,6 +88,11 @@ def _describe(view: datasets.Dataset) -> str:
     tree = view.tree
     return (f"{len(view.shards)} shards, {tree.nfiles} files in {tree.ndirs} directories, "
             f"{tree.total_size / 1e9:.1f} GB")
+
+
+def _compressed(path: str) -> bool:
+    fmt = format_for(path)
+    return fmt is not None and getattr(fmt, "decompresses", False)
 
 
 def _local_bytes(found: list[str]) -> int:
@@ -252,7 +258,8 @@ class Daemon:
         # keeps the shards readers touch, as without the one pass. (Not with peers: each shard's
         # owner reads it, and the others ask the owner for it.)
         in_ram = opts.prefetch == "all" and budget >= _local_bytes(found)
-        keep = not self.peers and (self.disk or in_ram)
+        # Compressed tars are kept as their builds decompress them (formats/ctar.py), whatever the prefetch.
+        keep = not self.peers and (self.disk or in_ram or any(_compressed(p) for p in found))
         self.keeper = Keeper(self.disk, self.cache, in_ram) if keep else None
         self.pressure = PressureWatcher(self.cache)
         self.pressure.start()
@@ -338,6 +345,7 @@ class Daemon:
             "cache": self.cache.snapshot(),
             "memory": self.pressure.figures(),
             **({"disk": self.disk.snapshot()} if self.disk else {}),
+            "decompressed": compressed.counts(),  # compressed tars (formats/ctar.py)
             **({"remote": remote.counters()} if self.remote else {}),
             **({"peers": self.peers.figures()} if self.peers else {}),
         }

@@ -92,7 +92,9 @@ class Keeper:
     def reading(self, shard: Shard):
         """Around the build of ``shard``: what it reads is kept (see the module's docstring)."""
         tier = self.disk.for_build(shard) if self.disk is not None else None
-        buf = self.cache.hold(shard.size) if self.in_ram else None
+        # A compressed tar's decompressed tar (formats/ctar.py) is kept in RAM where it fits, whatever
+        # the prefetch: its readers would otherwise wait for a second decompression.
+        buf = self.cache.hold(shard.size) if self.in_ram or hasattr(shard, "stored") else None
         nchunks = -(-shard.size // CHUNK)
 
         def put(chunk: int, data) -> None:
@@ -102,7 +104,10 @@ class Keeper:
                 buf[chunk * CHUNK : chunk * CHUNK + len(data)] = data
 
         chunks = Chunks(shard.size, put)
-        seen = 0  # bytes below this were read already
+        stored = getattr(shard, "stored", None)  # a compressed tar: its reads are of the tar it decompressed to
+        seen = 0 if stored is None else shard.size  # bytes below this were read already
+        if stored is not None:
+            self.cache.count_build_read(stored.size)  # read whole, once, to decompress it
 
         def on_read(offset: int, data) -> None:
             nonlocal seen

@@ -27,6 +27,7 @@ from local disk, the others from storage and are kept there for the next mount o
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -229,17 +230,26 @@ class ShardCache:
 
         Returns whether anything had to be read or waited for."""
         waited = False
+        # (A shard read only in order is read by its loader, a background read: a reader waiting for
+        # it is no demand read, which would hold the loader back.)
+        in_order = getattr(res.shard, "in_order_only", False)
         for chunk in range(first, last + 1):
             if res.state[chunk] != LOADED:
                 waited = True
-                with self.readers_first.demand():
+                with self.readers_first.demand() if not in_order else contextlib.nullcontext():
                     self._ensure_chunk(res, chunk)
         return waited
 
     def _ensure_chunk(self, res: Resident, chunk: int) -> None:
+        # A shard read only in order (a compressed tar's stream, formats/ctar.py): its loader
+        # reads every chunk, readers wait for theirs (a read of their own would start it again).
+        in_order = getattr(res.shard, "in_order_only", False)
+        if in_order and res.state[chunk] == MISSING:
+            self._queue.put(res.shard, PRIORITY_DEMAND)
         with res.cond:
             deadline = time.monotonic() + WAIT_LIMIT
-            while res.state[chunk] == CLAIMED and not res.failed and not self._closed:
+            while ((res.state[chunk] == CLAIMED or (in_order and res.state[chunk] == MISSING))
+                   and not res.failed and not self._closed):
                 if not res.cond.wait(timeout=max(0.0, deadline - time.monotonic())):
                     raise ShardIOError(f"{res.shard.path}: waited {WAIT_LIMIT:.0f} s for a chunk")
             if self._closed and res.state[chunk] != LOADED:

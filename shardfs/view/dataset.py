@@ -275,8 +275,19 @@ def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
     if is_url(path):
         from shardfs.storage.remote import RemoteShard
 
-        return RemoteShard(path, ix.shard_size, ix.shard_mtime_ns, ix.shard_tag)
-    return LocalShard(path, ix.shard_size, ix.shard_mtime_ns)
+        stored = RemoteShard(path, ix.shard_size, ix.shard_mtime_ns, ix.shard_tag)
+    else:
+        stored = LocalShard(path, ix.shard_size, ix.shard_mtime_ns)
+    return serving(stored, ix.format, ix.logical_size)
+
+
+def serving(stored: Shard, fmt: str, logical_size: int) -> Shard:
+    """The shard the caches serve: a compressed tar's decompressed tar (formats/ctar.py), else itself."""
+    if fmt != "ctar":
+        return stored
+    from shardfs.formats.ctar import StreamShard
+
+    return StreamShard(stored, logical_size)
 
 
 def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:

@@ -54,7 +54,8 @@ from shardfs.dirs import cache_dir
 from shardfs.index import store as index_store
 from shardfs.index.index_file import file_id
 from shardfs.storage.local import LocalShard
-from shardfs.view.dataset import Dataset
+from shardfs.formats.ctar import logical_size_of, stored_of
+from shardfs.view.dataset import Dataset, serving
 from shardfs.view.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,10 @@ def save(path: str, key: str, view: Dataset, table_arrays: dict, index_dir: str 
         "key": key,
         # Per shard also what was where its index was looked for first (an older index beside a shard
         # on read-only storage, its current one in the cache directory): the same there next time.
-        "shards": [[s.path, s.size, s.mtime_ns, s.index_path, list(i),
-                    index_store.looked_at_first(s.path, s.index_path, index_dir)]
+        # (a compressed tar: the file's size, then the size of the tar it decompresses to)
+        "shards": [[s.path, stored_of(s).size, s.mtime_ns, s.index_path, list(i),
+                    index_store.looked_at_first(s.path, s.index_path, index_dir),
+                    logical_size_of(s)]
                    for s, i in zip(view.shards, view.index_ids)],
         "problems": view.problems, "damaged": view.damaged, "tree": values, "arrays": [],
     }
@@ -222,7 +225,7 @@ def _not_current(shards: list, found: list[str], index_dir: str | None) -> str |
     """Why the shards and their index files are not those the view was made from, or None."""
     if [s[0] for s in shards] != sorted(found):
         return "the shards are not those it was made from (added, removed or renamed)"
-    for path, size, mtime_ns, index_path, index_id, first in shards:
+    for path, size, mtime_ns, index_path, index_id, first, *_ in shards:
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -265,8 +268,9 @@ def _mapped(f, meta: dict, body_at: int) -> tuple[Dataset, dict]:
     tree_arrays["names"] = names
     tree = Tree.restore(tree_arrays, meta["tree"])
     shards = []
-    for path, size, mtime_ns, index_path, *_ in meta["shards"]:
-        shard = LocalShard(path, size, mtime_ns)
+    for path, size, mtime_ns, index_path, *rest in meta["shards"]:
+        logical = rest[2] if len(rest) > 2 else 0
+        shard = serving(LocalShard(path, size, mtime_ns), "ctar" if logical else "", logical)
         shard.index_path = index_path
         shards.append(shard)
     view = Dataset(tree, shards, meta["problems"], 0.0, 0, meta["damaged"],

@@ -29,6 +29,7 @@ class PeerShard(Shard):
         self.remote, self.window = inner.remote, inner.window
         self.index_path = inner.index_path
         self.tag = getattr(inner, "tag", None)
+        self.in_order_only = getattr(inner, "in_order_only", False)  # a compressed tar's stream (ram.py)
         self.digest = owner.digest(owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag))
         self._lacking: dict[str, float] = {}  # peer -> until when it is taken not to hold this shard
         self._not_held: dict[str, float] = {}  # the same for a former owner's RAM (GET /held)
