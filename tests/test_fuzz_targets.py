@@ -14,6 +14,12 @@ import pytest
 FUZZ = Path(__file__).parent / "fuzz"
 TARGETS = sorted(p.stem for p in (FUZZ / "targets").glob("*.py") if not p.name.startswith("_"))
 SEED_LIMIT = 64 << 10
+# Findings whose fix is another branch's (issue 41): replayed as strict xfails, so the merge that
+# fixes one fails here until its line is removed.
+OPEN = {
+    "peer_reply/content-length-before-signature":
+        "conns.py allocates the Content-Length a reply claims before its signature is checked",
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,7 +59,16 @@ def test_seeds_and_corpus_replay(name):
             raise AssertionError(f"{name}: seed {i} fails: {exc!r}") from exc
     corpus = FUZZ / "corpus" / name
     for path in sorted(corpus.iterdir()) if corpus.is_dir() else []:
+        if f"{name}/{path.name}" in OPEN:
+            continue
         try:
             target.one_input(path.read_bytes())
         except Exception as exc:
             raise AssertionError(f"{name}: corpus file {path.name} fails: {exc!r}") from exc
+
+
+@pytest.mark.parametrize("found", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=why))
+                                   for f, why in sorted(OPEN.items())])
+def test_open_findings(found):
+    name, file = found.split("/")
+    _target(name).one_input((FUZZ / "corpus" / name / file).read_bytes())

@@ -101,6 +101,8 @@ def load_config(path: str) -> MountConfig:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first (found by fuzzing)
+        raise UsageError(f"{path}: not valid TOML: not UTF-8 at byte {exc.start}") from None
     return parse_config(data, path)
 
 
