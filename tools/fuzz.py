@@ -116,13 +116,19 @@ def child(name: str, libfuzzer_args: list[str]) -> None:
     import atheris
 
     sys.path[:0] = [str(p) for p in IMPORT_PATHS]
+    # Every shardfs module the target reaches is instrumented: those it imports, and those imported
+    # lazily on the way (the formats' libraries are imported at a file's first scan), which its
+    # seeds, run once here, import.
     with atheris.instrument_imports(include=["shardfs"]):
         import importlib
 
         target = importlib.import_module(name)
+        seeds = target.seeds()
+        for seed in seeds:
+            target.one_input(seed)
     corpus_dirs = [a for a in libfuzzer_args if not a.startswith("-")]
     if corpus_dirs and os.path.isdir(corpus_dirs[0]):
-        for seed in target.seeds():
+        for seed in seeds:
             path = Path(corpus_dirs[0]) / f"seed-{hashlib.sha1(seed).hexdigest()}"
             if not path.exists():
                 path.write_bytes(seed)
