@@ -201,7 +201,7 @@ class Daemon:
         # (Not with peers: their indexes come from the shards' owners.)
         if not self.sharing and saved_views_wanted():
             self.saved_view = SavedView(self.sources, opts.index_dir, self.layout, self.columns)
-        view = self.saved_view.load(found) if self.saved_view else None
+        view = self.saved_view.load(found, self.slots) if self.saved_view else None
         mapped = view is not None
         if view is None:
             view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,

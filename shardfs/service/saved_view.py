@@ -29,17 +29,28 @@ class SavedView:
         """Before the view is made: the layout's key is the options' (a merge widens its labels)."""
         self.index_dir = index_dir
         self.path, self.key = snapshot.place(sources, index_dir, layout, columns)
-        self._derived: dict | None = None  # the table's arrays: from the file, or to be saved
+        self._derived: dict | None = None  # the table's arrays to be saved
         self._loaded = False
         self._view: Dataset | None = None
         self._table = None
         self._writer: threading.Thread | None = None
 
-    def load(self, found: list[str]) -> Dataset | None:
+    def load(self, found: list[str], slots) -> Dataset | None:
+        """The saved view, with the request loop's table made of it at once (on ``slots``): a file
+        whose CRCs match but whose arrays the table refuses (a writer's bug, an edit: found by
+        fuzzing) is not used, and the mount merges the indexes as before."""
+        from shardfs.fuse import table  # (loads libfuse: imported by the daemon only once it mounts)
+
         got = snapshot.load(self.path, self.key, found, self.index_dir)
         if got is None:
             return None
-        view, self._derived = got
+        view, derived = got
+        try:
+            self._table = table.from_saved(view, slots, derived)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.info("saved view %s not used: the request loop refuses its arrays (%s); merging the indexes",
+                     self.path, exc)
+            return None
         self._loaded = True
         log.info("view mapped from %s, saved by an earlier mount", self.path)
         return view
@@ -49,8 +60,8 @@ class SavedView:
         from shardfs.fuse import table  # (loads libfuse: imported by the daemon only once it mounts)
 
         if self._loaded:
-            derived, self._derived = self._derived, None
-            return table.from_saved(view, slots, derived)
+            made, self._table = self._table, None
+            return made
         if view.index_ids is None:
             return table.build(view, slots)
         built, self._derived = table.build_keeping(view, slots)

@@ -209,6 +209,8 @@ def _header(f, key: str, found: list[str], index_dir: str | None) -> tuple[str |
     _, version, crc, length = _HEADER.unpack(head)
     if version != VERSION:
         return f"written in format {version}, this shardfs reads {VERSION}", {}
+    if length > os.fstat(f.fileno()).st_size - _HEADER.size:  # read nothing that large (found by fuzzing)
+        raise ValueError("its header's length goes past its end")
     text = f.read(length)
     if len(text) != length or zlib.crc32(text) != crc:
         raise ValueError("its header's checksum does not match")
