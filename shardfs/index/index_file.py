@@ -122,7 +122,10 @@ def load(path, columns: MemberColumns | None = None) -> ShardIndex:
                 return index
         data = path.read()
         return _read(io.BytesIO(data), len(data))
-    except (KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile) as exc:  # fields missing or wrong
+    # Fields missing or wrong; for an .npz, also a zip member of a method zipfile has not
+    # (NotImplementedError: found by fuzzing) or cut short (EOFError, zlib.error).
+    except (KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile, NotImplementedError, EOFError,
+            zlib.error) as exc:
         raise ValueError(f"damaged ({type(exc).__name__}: {exc})") from None
 
 
