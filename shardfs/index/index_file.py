@@ -195,7 +195,20 @@ def sparse_maps(members: np.ndarray, ends: np.ndarray, runs: np.ndarray) -> dict
 
 @functools.lru_cache(maxsize=64)
 def _dtype(text: str) -> np.dtype:
-    return np.dtype(text)
+    return plain_dtype(text)
+
+
+def plain_dtype(text) -> np.dtype:
+    """The numbers' dtype a file names for an array (integers, floats: what shardfs writes), else
+    ValueError: numpy reads a dtype string as Python literals (SyntaxError), and would also take
+    objects, records and sub-arrays (found by fuzzing)."""
+    try:
+        dt = np.dtype(text)
+    except (TypeError, ValueError, SyntaxError) as exc:
+        raise ValueError(f"not an array type: {text!r}") from exc
+    if dt.kind not in "biuf" or dt.shape or dt.fields is not None:
+        raise ValueError(f"not an array type of numbers: {text!r}")
+    return dt
 
 
 def _parse(body: np.ndarray, meta_len: int, names: bytes, columns: MemberColumns | None = None) -> ShardIndex:

@@ -233,7 +233,9 @@ def to_args(cfg: MountConfig) -> list[str]:
     """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon).
     Storage options are not among them (they may hold credentials, and any user can read a
     command line): they go through the environment, see ``storage_env``."""
-    args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
+    # A path starting with "-" would read as an option (found by fuzzing): "./-x" is the same file.
+    args = [*map(_not_an_option, cfg.sources), _not_an_option(cfg.mountpoint), "--log-level", cfg.log_level,
+            "--prefetch", cfg.prefetch,
             "--layout", cfg.layout]
     if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
         args += ["--class-names", os.path.abspath(cfg.class_names)]
@@ -254,6 +256,10 @@ def to_args(cfg: MountConfig) -> list[str]:
     if not cfg.auto_unmount:
         args += ["--no-auto-unmount"]
     return args
+
+
+def _not_an_option(path: str) -> str:
+    return "./" + path if path.startswith("-") else path
 
 
 def storage_env(cfg: MountConfig) -> dict:

@@ -52,7 +52,7 @@ import numpy as np
 from shardfs.atomic import atomic_file
 from shardfs.dirs import cache_dir
 from shardfs.index import store as index_store
-from shardfs.index.index_file import file_id
+from shardfs.index.index_file import file_id, plain_dtype
 from shardfs.storage.local import LocalShard
 from shardfs.view.dataset import Dataset
 from shardfs.view.tree import Tree
@@ -251,7 +251,7 @@ def _mapped(f, meta: dict, body_at: int) -> tuple[Dataset, dict]:
     whole.madvise(mmap.MADV_WILLNEED)  # read ahead in large requests, while the first pieces are checked
     arrays, pieces = {}, []
     for a in meta["arrays"]:
-        dtype = np.dtype(a["dtype"])
+        dtype = plain_dtype(a["dtype"])
         at = body_at + a["offset"]
         if at % 8 or at + a["count"] * dtype.itemsize > names_at:
             raise ValueError(f"array {a['name']} out of place")

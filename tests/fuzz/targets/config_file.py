@@ -47,10 +47,16 @@ def one_input(data: bytes) -> None:
         mine, theirs = getattr(cfg, f.name), getattr(again, f.name)
         if f.name in _ABSOLUTE and mine not in (None, "off"):
             mine = os.path.abspath(mine)
+        if f.name in ("sources", "mountpoint"):  # ("./-x" for "-x": the same path)
+            mine, theirs = _same_paths(mine), _same_paths(theirs)
         if f.name == "metrics_interval" and cfg.metrics_dir is None:
             continue  # (not passed without a metrics directory: it means nothing then)
         assert str(mine) == str(theirs) if f.name in ("cache_size", "disk_cache_size", "metrics_interval") \
             else mine == theirs, f"{f.name}: {mine!r} in the file, {theirs!r} in the daemon"
+
+
+def _same_paths(value):
+    return [os.path.normpath(p) for p in value] if isinstance(value, list) else os.path.normpath(value)
 
 
 def seeds() -> list[bytes]:
