@@ -134,6 +134,8 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
             raise _fail(path, "peers", str(exc)) from None
     elif cfg.peers is not None and not all(isinstance(p, str) for p in cfg.peers):
         raise _fail(path, "peers", f"expected {_KEYS['peers'][1]}, got {cfg.peers!r}")
+    elif cfg.peers is not None:  # as parse_list takes them: " b:2" is b:2 (the daemon's list must be the same)
+        cfg.peers = [p.strip() for p in cfg.peers]
     check(cfg, lambda key, why: _fail(path, key, why))
     return cfg
 
