@@ -276,7 +276,9 @@ def check(index: ShardIndex) -> None:
     if len(index.cls_member) != len(index.cls_value) or \
             (len(index.cls_member) and not 0 <= int(index.cls_member.min()) <= int(index.cls_member.max()) < n):
         raise ValueError("its labels do not match its members")
-    if any(not 0 <= m < n or index.kind[m] != Kind.FILE for m in index.sparse):
+    if any(not 0 <= m < n or index.kind[m] != Kind.FILE or runs.ndim != 2 or runs.shape[1] != 2
+           or (len(runs) and (int(runs.min()) < 0 or (runs[:, 1] > index.size[m] - runs[:, 0]).any()))
+           for m, runs in index.sparse.items()):
         raise ValueError("its sparse maps do not match its members")
     if any(not 0 <= m < n or index.kind[m] != Kind.SYMLINK for m in index.symlinks):
         raise ValueError("its links do not match its members")

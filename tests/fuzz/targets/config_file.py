@@ -51,7 +51,9 @@ def one_input(data: bytes) -> None:
             mine, theirs = _same_paths(mine), _same_paths(theirs)
         if f.name == "metrics_interval" and cfg.metrics_dir is None:
             continue  # (not passed without a metrics directory: it means nothing then)
-        assert str(mine) == str(theirs) if f.name in ("cache_size", "disk_cache_size", "metrics_interval") \
+        if f.name == "metrics_interval":  # (an int in the file, a float on the command line)
+            mine, theirs = float(mine), float(theirs)
+        assert str(mine) == str(theirs) if f.name in ("cache_size", "disk_cache_size") \
             else mine == theirs, f"{f.name}: {mine!r} in the file, {theirs!r} in the daemon"
 
 

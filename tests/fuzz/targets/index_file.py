@@ -71,6 +71,7 @@ def consistent(index: shard_index.ShardIndex) -> None:
     for m, runs in index.sparse.items():
         assert 0 <= m < n and index.kind[m] == Kind.FILE, f"sparse map of member {m}, no file"
         assert runs.ndim == 2 and (runs >= 0).all(), f"sparse map of member {m} has negative runs"
+        assert (runs[:, 0] + runs[:, 1] <= index.size[m]).all(), f"sparse map of member {m} past its size"
 
 
 def _built(data: bytes, name: str = "s.tar") -> shard_index.ShardIndex:

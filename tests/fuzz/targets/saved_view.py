@@ -86,8 +86,8 @@ def _made_current(data: bytes, fix_crcs: bool) -> bytes:
                 a["crc"] = snapshot._crcs(data[at : at + a["count"] * np.dtype(a["dtype"]).itemsize])
             meta["names"]["crc"] = snapshot._crcs(data[names_at : names_at + meta["names"]["length"]])
         new = json.dumps(meta, separators=(",", ":")).encode("utf-8", "surrogateescape")
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError):
-        return data
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError, SyntaxError):
+        return data  # (SyntaxError: numpy reads a dtype string as literals)
     if len(new) > len(text):
         return data
     new = new.ljust(len(text), b" ")
