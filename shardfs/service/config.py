@@ -136,6 +136,8 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
         raise _fail(path, "peers", f"expected {_KEYS['peers'][1]}, got {cfg.peers!r}")
     elif cfg.peers is not None:  # as parse_list takes them: " b:2" is b:2 (the daemon's list must be the same)
         cfg.peers = [p.strip() for p in cfg.peers]
+        if any("," in p for p in cfg.peers):  # the daemon's --peers would split it in two
+            raise _fail(path, "peers", f"an entry with a comma in {cfg.peers!r}")
     check(cfg, lambda key, why: _fail(path, key, why))
     return cfg
 

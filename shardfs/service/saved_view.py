@@ -47,7 +47,7 @@ class SavedView:
         view, derived = got
         try:
             self._table = table.from_saved(view, slots, derived)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             log.info("saved view %s not used: the request loop refuses its arrays (%s); merging the indexes",
                      self.path, exc)
             return None
