@@ -190,7 +190,9 @@ def agrees_with_tarfile(data: bytes, result) -> int:
         rec = served.get(info.offset_data)
         if rec is not None:
             runs = None if rec.sparse is None else [tuple(run) for run in rec.sparse.tolist()]
-            theirs = None if info.sparse is None else [(o, n) for o, n in info.sparse if n]
+            # (runs past the real size are cut by tar -x and tarfile alike: the file is that size)
+            theirs = None if info.sparse is None else \
+                [(o, min(n, info.size - o)) for o, n in info.sparse if n and o < info.size]
             assert runs == theirs, f"{info.name}: tarfile reads another sparse map"
             assert rec.size == info.size, f"{info.name}: tarfile reads another size"
             compared += 1

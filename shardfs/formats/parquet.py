@@ -132,6 +132,13 @@ def read_header(fetch: Fetch, at: int, limit: int) -> tuple[dict, int]:
             want *= 8
 
 
+def _size(header: dict, field: int) -> int:
+    """A page header's size field, -1 (refused by the callers) unless it is a whole number: a
+    damaged header may hold any Thrift type there (found by fuzzing: None compared with an int)."""
+    value = header.get(field, -1)
+    return value if type(value) is int else -1
+
+
 # --------------------------------------------------------------------------- page bodies
 
 
@@ -313,7 +320,7 @@ class ParquetLayout:
         if i < 0 or page_at >= ends[i]:
             raise ShardFormatError(f"{where}: in no column chunk")
         header, body_at = read_header(fetch, page_at, int(ends[i]))
-        stored = header.get(3, -1)
+        stored = _size(header, 3)
         if stored < 0 or body_at + stored > ends[i]:
             raise ShardFormatError(f"{where}: its body lies beyond its column chunk")
         raw = fetch(body_at, stored)
@@ -405,7 +412,7 @@ class ParquetFormat:
         dictionary = None
         while pos < end:
             header, body_at = read_header(win.get, pos, end)
-            stored, usize = header.get(3, -1), header.get(2, -1)
+            stored, usize = _size(header, 3), _size(header, 2)
             if stored < 0 or body_at + stored > end or usize < 0:
                 raise ShardFormatError(f"page at {pos}: its sizes do not fit its column chunk")
             where = f"page at {pos}"

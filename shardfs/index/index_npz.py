@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from shardfs.index.index_file import ARRAYS, OutdatedIndex, check, text_bytes
+from shardfs.index.index_file import ARRAYS, DTYPES, OutdatedIndex, check, text_bytes
 from shardfs.index.shard_index import ShardIndex
 
 
@@ -31,7 +31,8 @@ def load(data: bytes | bytearray, version: int) -> ShardIndex:
             symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
             warnings=meta["warnings"],
             error=meta["error"],
-            **{name: npz[name] for name in ARRAYS},
+            # (as the flat file's: the checks and the tree take these types)
+            **{name: npz[name].astype(DTYPES[name], copy=False) for name in ARRAYS},
         )
     index.legacy = True
     check(index)

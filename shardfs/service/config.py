@@ -102,6 +102,8 @@ def load_config(path: str) -> MountConfig:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the whole file first (found by fuzzing)
+        raise UsageError(f"{path}: not valid TOML: not UTF-8 at byte {exc.start}") from None
     return parse_config(data, path)
 
 
@@ -133,6 +135,10 @@ def parse_config(data: dict, path: str = "<config>") -> MountConfig:
             raise _fail(path, "peers", str(exc)) from None
     elif cfg.peers is not None and not all(isinstance(p, str) for p in cfg.peers):
         raise _fail(path, "peers", f"expected {_KEYS['peers'][1]}, got {cfg.peers!r}")
+    elif cfg.peers is not None:  # as parse_list takes them: " b:2" is b:2 (the daemon's list must be the same)
+        cfg.peers = [p.strip() for p in cfg.peers]
+        if any("," in p for p in cfg.peers):  # the daemon's --peers would split it in two
+            raise _fail(path, "peers", f"an entry with a comma in {cfg.peers!r}")
     check(cfg, lambda key, why: _fail(path, key, why))
     return cfg
 
@@ -252,27 +258,40 @@ def to_args(cfg: MountConfig) -> list[str]:
     """The ``shardfs mount`` arguments that say the same as ``cfg`` (to start the daemon).
     Storage options are not among them (they may hold credentials, and any user can read a
     command line): they go through the environment, see ``storage_env``."""
-    args = [*cfg.sources, cfg.mountpoint, "--log-level", cfg.log_level, "--prefetch", cfg.prefetch,
-            "--layout", cfg.layout]
+    # A path starting with "-" would read as an option (found by fuzzing): "./-x" is the same file.
+    args = [*map(_not_an_option, cfg.sources), _not_an_option(cfg.mountpoint), *_option("log-level", cfg.log_level),
+            *_option("prefetch", cfg.prefetch), *_option("layout", cfg.layout)]
     if cfg.class_names is not None:  # the daemon may run elsewhere than our working directory
-        args += ["--class-names", os.path.abspath(cfg.class_names)]
+        args += _option("class-names", os.path.abspath(cfg.class_names))
     if cfg.metrics_dir is not None:  # the daemon runs in /
-        args += ["--metrics-dir", os.path.abspath(cfg.metrics_dir), "--metrics-interval", str(cfg.metrics_interval)]
+        args += [*_option("metrics-dir", os.path.abspath(cfg.metrics_dir)),
+                 *_option("metrics-interval", cfg.metrics_interval)]
     if cfg.disk_cache not in (None, "off"):
-        args += ["--disk-cache", os.path.abspath(cfg.disk_cache)]
+        args += _option("disk-cache", os.path.abspath(cfg.disk_cache))
     elif cfg.disk_cache == "off":
         args += ["--disk-cache", "off"]
     if cfg.peers is not None:
-        args += ["--peers", ",".join(cfg.peers) or "off"]
+        args += _option("peers", ",".join(cfg.peers) or "off")
     for key in ("loaders", "cache_size", "disk_cache_size", "index_dir", "workers", "log_file", "peer_self",
                 "columns"):
         if getattr(cfg, key) is not None:
-            args += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
+            args += _option(key.replace("_", "-"), getattr(cfg, key))
     if cfg.allow_other:
         args += ["-o", "allow_other"]
     if not cfg.auto_unmount:
         args += ["--no-auto-unmount"]
     return args
+
+
+def _not_an_option(path: str) -> str:
+    return "./" + path if path.startswith("-") else path
+
+
+def _option(name: str, value) -> list[str]:
+    """``--name value``; ``--name=value`` for a value that starts with "-", which would read as an
+    option of its own (found by fuzzing: peers = "-node:7")."""
+    text = str(value)
+    return [f"--{name}={text}"] if text.startswith("-") else [f"--{name}", text]
 
 
 def storage_env(cfg: MountConfig) -> dict:

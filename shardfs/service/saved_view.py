@@ -47,7 +47,7 @@ class SavedView:
         view, derived = got
         try:
             self._mapped = table.from_saved(view, slots, derived)
-        except ValueError as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             log.info("saved view %s not used: its arrays do not hold together (%s); merging the indexes and "
                      "saving it again", self.path, exc)
             return None

@@ -52,7 +52,7 @@ import numpy as np
 from shardfs.atomic import atomic_file
 from shardfs.dirs import cache_dir
 from shardfs.index import store as index_store
-from shardfs.index.index_file import file_id
+from shardfs.index.index_file import file_id, plain_dtype
 from shardfs.storage.local import LocalShard
 from shardfs.formats.ctar import logical_size_of, stored_of
 from shardfs.view.dataset import Dataset, serving
@@ -212,6 +212,8 @@ def _header(f, key: str, found: list[str], index_dir: str | None) -> tuple[str |
     _, version, crc, length = _HEADER.unpack(head)
     if version != VERSION:
         return f"written in format {version}, this shardfs reads {VERSION}", {}
+    if length > os.fstat(f.fileno()).st_size - _HEADER.size:  # read nothing that large (found by fuzzing)
+        raise ValueError("its header's length goes past its end")
     text = f.read(length)
     if len(text) != length or zlib.crc32(text) != crc:
         raise ValueError("its header's checksum does not match")
@@ -252,7 +254,7 @@ def _mapped(f, meta: dict, body_at: int) -> tuple[Dataset, dict]:
     whole.madvise(mmap.MADV_WILLNEED)  # read ahead in large requests, while the first pieces are checked
     arrays, pieces = {}, []
     for a in meta["arrays"]:
-        dtype = np.dtype(a["dtype"])
+        dtype = plain_dtype(a["dtype"])
         at = body_at + a["offset"]
         if at % 8 or at + a["count"] * dtype.itemsize > names_at:
             raise ValueError(f"array {a['name']} out of place")

@@ -48,7 +48,7 @@ def _is_local(host: str) -> bool:
     """Whether ``host`` resolves to an address of this machine (one we can bind to)."""
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
+    except (OSError, UnicodeError):  # UnicodeError: a label over 63 characters (idna; found by fuzzing)
         return False
     for family, _, _, _, addr in infos:
         with socket.socket(family, socket.SOCK_STREAM) as s:

@@ -96,7 +96,7 @@ def check_request(key: bytes, header: str | None, method: str, target: str, byte
         return "malformed proof"
     if abs(time.time() - ts) > MAX_SKEW:
         return "signed too long ago (or ahead): a late replay, or clocks too far apart"
-    if not hmac.compare_digest(mac, _mac(key, method, target, byte_range, ts)):
+    if not _same(mac, _mac(key, method, target, byte_range, ts)):
         return "wrong key"
     return None
 
@@ -107,4 +107,10 @@ def sign_reply(key: bytes, request_auth: str, crc: int, length: int) -> str:
 
 
 def check_reply(key: bytes, request_auth: str, crc: int, length: int, proof: str | None) -> bool:
-    return proof is not None and hmac.compare_digest(proof, sign_reply(key, request_auth, crc, length))
+    return proof is not None and _same(proof, sign_reply(key, request_auth, crc, length))
+
+
+def _same(given: str, mac: str) -> bool:
+    """compare_digest on bytes: on str it raises TypeError for a non-ASCII character, which a
+    header from anyone may hold (found by fuzzing; headers are read as latin-1)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), mac.encode())
