@@ -6,7 +6,6 @@ has the parts the convention asks for (docs/testing.md)."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,17 +14,6 @@ import pytest
 FUZZ = Path(__file__).parent / "fuzz"
 TARGETS = sorted(p.stem for p in (FUZZ / "targets").glob("*.py") if not p.name.startswith("_"))
 SEED_LIMIT = 64 << 10
-# Findings whose fix is another branch's (issue 41), in tests/fuzz/open/NAME/: each replayed in a
-# process of its own (a crash in C must not end the suite) as a strict xfail, so the merge that
-# fixes one fails here until its file moves to tests/fuzz/corpus/NAME/ and its line goes.
-OPEN = {
-    "peer_reply/content-length-before-signature":
-        "conns.py allocates the Content-Length a reply claims before its signature is checked",
-    "saved_view/dir-name-ends-unchecked":
-        "table.c check_arrays checks the last directory name end only: lookups read far out of bounds",
-    "saved_view/name-ends-go-back":
-        "table.c check_arrays checks the last member name end only: name ends going back crash lookups",
-}
 
 @pytest.fixture(scope="module", autouse=True)
 def importable():
@@ -68,13 +56,3 @@ def test_seeds_and_corpus_replay(name):
             target.one_input(path.read_bytes())
         except Exception as exc:
             raise AssertionError(f"{name}: corpus file {path.name} fails: {exc!r}") from exc
-
-
-@pytest.mark.parametrize("found", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=why))
-                                   for f, why in sorted(OPEN.items())])
-def test_open_findings(found):
-    name, file = found.split("/")
-    replay = (f"import sys; sys.path[:0] = {[str(FUZZ), str(FUZZ / 'targets')]!r}; import {name} as t; "
-              f"t.seeds(); t.one_input(open({str(FUZZ / 'open' / name / file)!r}, 'rb').read())")
-    done = subprocess.run([sys.executable, "-c", replay], cwd=FUZZ.parent, capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
