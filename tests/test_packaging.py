@@ -11,9 +11,12 @@ import os
 import platform
 import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
+
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +137,11 @@ def test_built_package_installs_into_a_fresh_venv_and_mounts(kind, dists, sample
     # the sdist builds with the setuptools installed here.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
                    timeout=120)
+    # The suite runs in a venv itself (tools/setup.sh): its packages, not only the base interpreter's,
+    # are the new venv's "system" ones (a .pth line names each of its site folders).
+    inner = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    Path(inner, "suite-venv.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     install = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-index",
                "--no-build-isolation", "--disable-pip-version-check", dists[kind]]
