@@ -1,8 +1,7 @@
 """The peer client against whatever answers on a peer's address (a stand-in server on loopback
 that answers as each test tells it): a reply's head is checked before its body gets room; a kept
 connection that breaks is asked again on a new one, not taken for a peer down; every read
-waiting on a sign-of-life request hears its answer, whatever stopped it. And the placement: made
-anew on a thread of its own when peers go down or come back, never on a reader's."""
+waiting on a sign-of-life request hears its answer, whatever stopped it."""
 
 from __future__ import annotations
 
@@ -16,12 +15,10 @@ import zlib
 import pytest
 from conftest import DEADLINE, wait_for
 from test_peers import free_port
-from test_peers_pool import serving
 
-from shardfs.storage.peers import auth, owner
+from shardfs.storage.peers import auth
 from shardfs.storage.peers import client as peer_client
 from shardfs.storage.peers.client import PeerClient, PeerFailure
-from shardfs.storage.peers.net import PeerNet
 
 KEY = b"k" * 64
 DIGEST = "ab" * 16
@@ -240,39 +237,3 @@ def test_every_read_waiting_on_a_sign_of_life_hears_an_answer(standin, raised, m
     waiter.join(DEADLINE)
     assert not waiter.is_alive(), "a read waiting on the ping never heard its answer"
     assert heard == [False]
-
-
-def test_the_placement_is_made_anew_on_a_thread_of_its_own_when_a_peer_goes_down_and_comes_back():
-    """When a peer goes down, the reader that first asks gets the placement in force (it never
-    waits while every shard is placed again); the new one follows, the owner rule's own answer
-    for the peers down; the same when the peer comes back."""
-    me, other = f"127.0.0.2:{free_port('127.0.0.2')}", f"127.0.0.3:{free_port('127.0.0.3')}"
-    peers = [me, other]
-    digests = [owner.digest(owner.identity(f"/d/{i:05d}.tar", 1000 + i, 1)) for i in range(5000)]
-    sizes = [1000 + i for i in range(5000)]
-    net = PeerNet(peers, me, key=KEY)
-    server = None
-    try:
-        net.assign(digests, sizes)
-        everyone = net.placement()
-        assert everyone.owner == owner.Placement(digests, sizes, peers).owner
-        with pytest.raises(PeerFailure):  # nothing listens there yet
-            net.client.fetch(other, digests[0], 0, 10, 5.0)
-        assert net.client.down()[1] == {other}
-        assert net.placement() is everyone  # the reader went on with the one in force
-        wait_for(lambda: net.placement().down == {other}, "the placement without the peer down")
-        assert net.placement().owner == owner.Placement(digests, sizes, peers, down={other}).owner
-        assert net.placement(with_down=False) is everyone
-        assert set(net.placement().owner) == {net.placement().ring.peers.index(me)}  # every shard ours
-
-        shard = type("Shard", (), {"size": 1 << 20, "digest": digests[0]})()
-        server = serving(other, shard)
-        assert net.client.fetch(other, digests[0], 0, 10, 5.0) == bytes(10)  # up again
-        without = net.placement()
-        assert without.down == {other}
-        wait_for(lambda: not net.placement().down, "the placement with the peer back")
-        assert net.placement().owner == everyone.owner
-    finally:
-        net.close()
-        if server is not None:
-            server.stop()

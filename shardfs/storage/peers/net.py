@@ -1,14 +1,6 @@
 """This node among its peers: the peer list, our entry, the key, the server and the client, who
 owns which shard (``owner.Placement``, recomputed when peers go down or come back), and the
-figures `shardfs stats` shows.
-
-A placement is a Python loop over every shard: it is made where no reader waits on it. The one
-with every peer up (and with those down then) when the shards are assigned, by whoever assigns
-them (the mount, a rescan); a new one when peers go down or come back, on a thread of its own,
-while reads go on with the one in force (a peer down in it is skipped as any down peer is, so
-a read only asks in a different order for that while). Placements are installed in the order
-of the changes they follow: the last one made is always of the peers down now.
-"""
+figures `shardfs stats` shows."""
 
 from __future__ import annotations
 
@@ -34,11 +26,8 @@ class PeerNet:
         self.storage_bytes_read = 0
         self.ring = owner.Ring(self.peers)  # the peers' points: made once, placements reuse them
         self._placed: tuple[list[str], list[int]] = ([], [])  # the shards placed: digests, sizes
-        nothing = owner.Placement([], [], self.peers, ring=self.ring)
-        self._everyone = self._current = nothing  # with every peer up / without those down at _generation
-        self._generation = 0  # the client's generation (of the peers down) that _current follows
-        self._building = False  # a thread makes the placement of a newer generation
-        self._assigning = threading.Lock()  # one assignment at a time (they are made whole, off _lock)
+        self._placements: dict[bool, owner.Placement] = {}  # all up (False) / without those down now (True)
+        self._generation = -1
         self._previous: owner.Placement | None = None  # the one in force before the last change of peers
         self._load = None  # the RAM cache's load(shards), once it exists
         self.server = PeerServer(me, key, self._shards.get)
@@ -55,15 +44,12 @@ class PeerNet:
 
     def assign(self, digests: list[str], sizes: list[int]) -> None:
         """Place these shards among the peers (before the view exists: their indexes' owners)."""
-        with self._assigning:
-            generation, down = self.client.down()
-            everyone = owner.Placement(digests, sizes, self.peers, ring=self.ring)
-            current = owner.Placement(digests, sizes, self.peers, down=down, ring=self.ring) if down else everyone
-            with self._lock:
-                self._placed = (list(digests), list(sizes))
-                # (a rescan: an old shard the new set moved is still in its former owner's RAM)
-                self._previous = self._current if self._current.digests else self._previous
-                self._everyone, self._current, self._generation = everyone, current, generation
+        with self._lock:
+            self._placed = (list(digests), list(sizes))
+            # (a rescan: an old shard the new set moved is still in its former owner's RAM)
+            self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
+            self._placements.clear()
+            self._generation = -1
 
     def _wrap(self, shard: Shard) -> PeerShard:
         if isinstance(shard, PeerShard):
@@ -74,39 +60,24 @@ class PeerNet:
 
     def placement(self, with_down: bool = True) -> owner.Placement:
         """Who owns what now: without the peers down (``with_down``), or as if all were up (the
-        owner to try again once its backoff is over). Never computed here: a change of the
-        peers down starts a thread that makes the new one, and this one is in force till then."""
-        generation, _down = self.client.down()
+        owner to try again once its backoff is over). Recomputed only when a peer went down or
+        came back, never per read."""
+        generation, down = self.client.down()
+        changed = None
         with self._lock:
-            if generation != self._generation and not self._building:
-                self._building = True
-                threading.Thread(target=self._follow, name="shardfs-peer-placement", daemon=True).start()
-            return self._current if with_down else self._everyone
-
-    def _follow(self) -> None:
-        """Make the placement of the peers down now, until it is the latest (peers may change
-        again meanwhile); then load the shards that moved to us (``_pull_moved``)."""
-        before = None
-        try:
-            while True:
-                generation, down = self.client.down()
-                with self._lock:
-                    if generation == self._generation:
-                        self._building = False  # (in the same hold: a later change starts a new thread)
-                        break
-                    everyone, placed = self._everyone, self._placed
-                made = owner.Placement(*placed, self.peers, down=down, ring=self.ring) if down else everyone
-                with self._lock:
-                    if self._everyone is not everyone:
-                        continue  # assigned anew meanwhile: the new set's turn
-                    before = before or self._current
-                    self._previous, self._current, self._generation = self._current, made, generation
-        except BaseException:
-            with self._lock:
-                self._building = False
-            raise
-        if before is not None:
-            self._pull_moved(before)
+            if generation != self._generation:
+                self._previous = self._placements.get(True) or self._placements.get(False) or self._previous
+                self._placements.clear()
+                changed = self._generation >= 0 and self._previous
+                self._generation = generation
+            key = with_down and bool(down)
+            found = self._placements.get(key)
+            if found is None:
+                found = self._placements[key] = owner.Placement(*self._placed, self.peers,
+                                                               down=down if key else frozenset(), ring=self.ring)
+        if changed:  # (on a thread of its own: we may be inside the cache's lock here)
+            threading.Thread(target=self._pull_moved, args=(changed,), name="shardfs-peer-moved", daemon=True).start()
+        return found
 
     def holders(self, digest: str) -> list[str]:
         """Other peers that owned the shard before the owners last changed (the placement in
