@@ -63,8 +63,8 @@ def share(top: str) -> None:
 def namespace_setup(top: str, dev_fuse_mode: int = 0o666) -> list[str]:
     """Shell commands, run as root in a private mount namespace, that let nobody run Python there
     and give the namespace its own /dev/fuse with ``dev_fuse_mode`` (0666 as udev makes it on most
-    nodes, 0600 for a node whose admin closed it), whatever the host's is; ``top/ns`` holds what
-    they need."""
+    nodes, 0600 for a node whose admin closed it) and its own /etc/fuse.conf (without
+    user_allow_other), whatever the host's are; ``top/ns`` holds what they need."""
     base = os.path.realpath(PYTHON)
     pyenv = base.split("/versions/")[0] if "/.pyenv/" in base else None
     setup = [f"mkdir -p {top}/ns"]
@@ -72,6 +72,8 @@ def namespace_setup(top: str, dev_fuse_mode: int = 0o666) -> list[str]:
         setup += [f"mkdir -p {top}/ns/pyenv", f"mount --bind {pyenv} {top}/ns/pyenv",
                   "mount -t tmpfs -o mode=755 tmpfs /root", f"mkdir -p {pyenv}",
                   f"mount --bind {top}/ns/pyenv {pyenv}"]
+    # fusermount3's /etc/fuse.conf as fuse3 ships it (no user_allow_other), whatever the host's says
+    setup += [f": > {top}/ns/fuse.conf", f"[ ! -e /etc/fuse.conf ] || mount --bind {top}/ns/fuse.conf /etc/fuse.conf"]
     return setup + [f"{{ [ -e {top}/ns/fuse ] || mknod {top}/ns/fuse c 10 229; }}",
                     f"chmod {dev_fuse_mode:o} {top}/ns/fuse", f"mount --bind {top}/ns/fuse /dev/fuse"]
 
