@@ -5,7 +5,9 @@ tests/test_fuzz_targets.py take the modules under targets/ only)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import tarfile
 import tempfile
 import tracemalloc
 
@@ -94,3 +96,14 @@ def sample_images(count: int, size: int = 300) -> list[bytes]:
 
     rng = random.Random(count)
     return [b"\xff\xd8\xff\xe0" + rng.randbytes(size + 17 * i) for i in range(count)]
+
+
+def tar_bytes(files: dict[str, bytes], fmt: int = tarfile.GNU_FORMAT) -> bytes:
+    """A tar of ``files`` (name: bytes) written by tarfile in ``fmt``, every mtime alike: a seed."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(body), 1_600_000_000
+            tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()

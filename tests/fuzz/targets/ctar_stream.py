@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 
 import zstandard
+from fuzzlib import tar_bytes
 
 from shardfs.formats import compressed
 from shardfs.formats.base import Kind
@@ -93,18 +94,8 @@ def one_input(data: bytes) -> None:
         shard.close()
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, payload in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(payload), 1_650_000_000
-            tar.addfile(info, io.BytesIO(payload))
-    return out.getvalue()
-
-
 def seeds() -> list[bytes]:
-    plain = _tar({"a/one.txt": b"one\n" * 50, "a/b/two.bin": bytes(range(256)) * 8, "c.cls": b"3"})
+    plain = tar_bytes({"a/one.txt": b"one\n" * 50, "a/b/two.bin": bytes(range(256)) * 8, "c.cls": b"3"})
     half = len(plain) // 2
     cctx = zstandard.ZstdCompressor(write_checksum=True)
     whole = [gzip.compress(plain), cctx.compress(plain), lzma.compress(plain), bz2.compress(plain)]

@@ -13,11 +13,10 @@ these comparisons, not steered by its own coverage.
 
 from __future__ import annotations
 
-import io
 import tarfile
 
 import numpy as np
-from fuzzlib import bounded
+from fuzzlib import bounded, tar_bytes
 from tarcraft import _fix_checksum, archive, header, member, old_sparse_member
 from test_fuzz_tar_writers import MEMORY_BOUND, MemorySource, _pax_record, agrees_with_tarfile, scan_checked
 from test_tarscan import scanned
@@ -58,16 +57,6 @@ def _plain_members_agree(data: bytes, result) -> None:
         assert np.array_equal(getattr(fast, field), getattr(slow, field)), f"plain members: {field} differs"
 
 
-def _tarfile(fmt, files: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
-        for name, body in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(body), 1_600_000_000
-            tf.addfile(info, io.BytesIO(body))
-    return out.getvalue()
-
-
 def seeds() -> list[bytes]:
     files = {"a/b.txt": b"hello\n", "a/c.cls": b"3", "d/e.bin": bytes(range(256)) * 3, "f": b""}
     long = {"d/" + "e" * 120 + ".bin": b"long name"}  # beyond ustar: GNU 'L' or a PAX path
@@ -78,9 +67,9 @@ def seeds() -> list[bytes]:
         (b"GNU.sparse.major", b"1"), (b"GNU.sparse.minor", b"0"), (b"GNU.sparse.name", b"s.bin"),
         (b"GNU.sparse.realsize", b"3000")])
     return [
-        _tarfile(tarfile.USTAR_FORMAT, files),
-        _tarfile(tarfile.GNU_FORMAT, {**files, **long}),
-        _tarfile(tarfile.PAX_FORMAT, {**files, **long, "ünï/名.txt": b"x"}),
+        tar_bytes(files, tarfile.USTAR_FORMAT),
+        tar_bytes({**files, **long}, tarfile.GNU_FORMAT),
+        tar_bytes({**files, **long, "ünï/名.txt": b"x"}, tarfile.PAX_FORMAT),
         archive(_fix_checksum(base256) + b"hello".ljust(512, b"\0"), member(b"after", b"1")),
         archive(member(b"PaxHeader", pax, typeflag=b"x"), member(b"short", b"data")),
         archive(member(b"pax_global_header", _pax_record(b"comment", b"hi"), typeflag=b"g"), member(b"g", b"1")),
