@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import time
 
@@ -62,6 +63,13 @@ def test_the_readme_first_command_runs_the_demo_on_a_fresh_debian(suite, podman,
     command = readme_first_command()
     assert "tools/setup.sh" in command and "tools/demo.py" in command, command
     rootfs = str(tmp_path / "rootfs")
+    try:
+        run_in_a_fresh_root(suite, command, rootfs, podman)
+    finally:  # a root with torch in its venv is gigabytes: not left for pytest's kept temporaries
+        shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def run_in_a_fresh_root(suite: str, command: str, rootfs: str, podman) -> None:
     started = time.monotonic()
     subprocess.run(["debootstrap", "--variant=minbase", suite, rootfs, debian_archive()], check=True,
                    capture_output=True, timeout=900)
