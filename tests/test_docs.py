@@ -8,7 +8,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,7 +15,7 @@ from email.parser import Parser
 
 import pytest
 
-from benchlib.cli import REPO
+from benchlib.cli import REPO, copy_source
 
 try:
     import tomllib
@@ -119,8 +118,7 @@ def check_long_description(description: str) -> None:
 def test_the_sdist_long_description_has_no_relative_link(tmp_path):
     # built from a copy: the build writes egg-info into its tree
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", "build", "dist",
-                                                              "site", ".pytest_cache", "*.so"))
+    copy_source(src)
     done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp_path / "dist",
                            src], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

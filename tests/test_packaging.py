@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchlib import sample
-from benchlib.cli import REPO
+from benchlib.cli import copy_source
 from conftest import needs_fuse
 from shardfs import __version__
 
@@ -72,8 +72,7 @@ def dists(tmp_path_factory):
     the wheel as auditwheel tagged it; and what auditwheel said of it."""
     top = tmp_path_factory.mktemp("build")
     src = top / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", "build", "dist",
-                                                              ".pytest_cache", "*.so"))
+    copy_source(src)
     # --no-isolation: build with the setuptools installed here (no download); the result is the same
     done = without_libfuse_headers([sys.executable, "-m", "build", "--no-isolation", "--outdir", top / "dist", src],
                                    dict(os.environ), cwd=top, timeout=300)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # `-m` puts the cwd (maybe another checkout) before PYTHONPATH; -P (3.11+) leaves it out, for this
 # interpreter only (an environment variable would reach the commands `shardfs run` starts)
 SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
+
+def copy_source(dest) -> None:
+    """The checkout's source into ``dest``, as a build would see it: without version control, build
+    products, the checkout's venv (gigabytes: tools/setup.sh's .venv) and test leftovers."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "*.egg-info", "__pycache__", "build", "dist", "site", ".pytest_cache", ".hypothesis",
+        "fuzz-findings", "*.so"))
 
 
 def shardfs(*args, check: bool = False, timeout: float = 7200, env: dict | None = None,
