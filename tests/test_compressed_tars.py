@@ -334,7 +334,7 @@ def test_a_remount_from_the_saved_view_serves_the_decompressed_tar(archives, tmp
     assert entries(again.path) == {k: v for k, v in entries(str(ref)).items() if k.split(b"/")[0] in (b"gz", b"plain")}
 
 
-# ---- built by hypothesis, and the fuzz target's inputs ------------------------------------
+# ---- built by hypothesis (the fuzz target's inputs: tests/test_fuzz_targets.py) ------------
 
 _names = st.text(st.characters(codec="utf-8", exclude_characters="\0/"), min_size=1, max_size=30).filter(
     lambda n: n not in (".", ".."))  # (names with dots: test_hostile.py)
@@ -378,20 +378,6 @@ def test_trees_through_each_codec_are_served_as_written(tmp_path, files, codec, 
     with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
         want = {m.name.encode(): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     assert served == want
-
-
-def test_the_fuzz_targets_seeds_and_corpus_replay():
-    """tests/fuzz/targets/ctar_stream.py (see its docstring), its seeds and the inputs fuzzing found."""
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fuzz", "targets"))
-    import ctar_stream
-
-    corpus = os.path.join(os.path.dirname(__file__), "fuzz", "corpus", "ctar_stream")
-    inputs = ctar_stream.seeds() + [open(os.path.join(corpus, n), "rb").read() for n in sorted(os.listdir(corpus))]
-    assert len(inputs) > 20 and all(len(x) < 64 << 10 for x in inputs)
-    for data in inputs:
-        ctar_stream.one_input(data)
 
 
 def test_verify_and_ls_read_the_decompressed_tar(archives):

@@ -20,6 +20,7 @@ DEFAULT_TESTS=(
     tests/test_tarscan.py tests/test_fuzz_tar.py tests/test_tar_format.py tests/test_tar_edge_cases.py
     tests/test_lowlevel.py tests/test_saved_view.py tests/test_disk_tier.py tests/test_lz4shard.py
     tests/test_datafiles.py tests/test_imagefolder.py tests/test_posix.py
+    tests/test_zip.py tests/test_squashfs.py tests/test_compressed_tars.py
 )
 # options alone (e.g. --durations=10): the default tests with them
 for arg in "$@"; do [ "${arg#-}" != "$arg" ] || { named=1; break; }; done
