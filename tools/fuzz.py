@@ -93,7 +93,7 @@ def run_target(name: str, args) -> Outcome:
         work = Path(args.corpus_dir).resolve() / name if args.corpus_dir else Path(scratch) / "corpus"
         work.mkdir(parents=True, exist_ok=True)
         dirs = [str(work)] + ([str(CORPUS / name)] if (CORPUS / name).is_dir() else [])
-        flags = [f"-max_total_time={args.seconds}", f"-rss_limit_mb={args.rss_mb}", f"-malloc_limit_mb={args.rss_mb}",
+        flags = [f"-seed={args.seed}", f"-max_total_time={args.seconds}", f"-rss_limit_mb={args.rss_mb}", f"-malloc_limit_mb={args.rss_mb}",
                  f"-timeout={args.timeout}", f"-max_len={MAX_LEN}", "-print_final_stats=1",
                  f"-artifact_prefix={findings}/"]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--", *flags,
@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--findings", default="fuzz-findings", help="where findings are saved (DIR/NAME/)")
     parser.add_argument("--corpus-dir", help="keep the grown corpus in DIR/NAME/ (default: a temporary one)")
     parser.add_argument("--reproduce", metavar="FILE", help="run one input through the target, once")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="libFuzzer's random seed: 0 (default) a new one each run, to find things; a fixed one "
+                             "gives the same inputs each run (CI's smoke run: what fails there is a change's doing)")
     parser.add_argument("--verbose", action="store_true", help="print libFuzzer's whole output")
     args = parser.parse_args(argv)
     known = target_names()

@@ -17,6 +17,9 @@ def load(data: bytes | bytearray, version: int) -> ShardIndex:
     """The index in ``data``; OutdatedIndex unless it is of ``version``; ValueError, KeyError or
     zipfile.BadZipFile for a damaged one (index_file.load makes them all ValueErrors)."""
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        # shardfs never wrote encrypted members; zipfile would raise RuntimeError (found by fuzzing)
+        if any(info.flag_bits & 0x1 for info in npz.zip.infolist()):
+            raise ValueError("an encrypted member: not an index shardfs wrote")
         meta = json.loads(npz["meta"].tobytes())
         if meta.get("version") != version:
             raise OutdatedIndex(f"index version {meta.get('version')}, this shardfs writes a newer one")
