@@ -14,7 +14,7 @@ import pytest
 
 from benchlib.mounts import stop_child
 from benchlib.sample import digests as tree_digests  # noqa: F401 (the suite's one walk of a tree's sha256s)
-from benchlib.servers import ACCESS_KEY, SECRET_KEY, nginx_binary, start_moto, start_nginx
+from benchlib.servers import ACCESS_KEY, SECRET_KEY, nginx_binary, read_head, start_moto, start_nginx
 
 __all__ = ["ACCESS_KEY", "SECRET_KEY"]  # the tests use the credentials the servers take
 
@@ -162,12 +162,7 @@ class FaultyProxy:
         if fail:
             try:
                 client.settimeout(5)
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = client.recv(65536)
-                    if not chunk:
-                        break
-                    head += chunk
+                read_head(client)  # (the request, whatever it asks: refused)
                 client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 with self._lock:
                     self.failed += 1

@@ -13,6 +13,7 @@ import tracemalloc
 import zlib
 
 import pytest
+from benchlib.servers import read_head
 from conftest import DEADLINE, wait_for
 from test_peers import free_port
 
@@ -50,15 +51,13 @@ class StandIn:
         data, n = b"", 0
         with conn:
             while True:
-                while b"\r\n\r\n" not in data:
-                    try:
-                        got = conn.recv(65536)
-                    except OSError:
-                        return
-                    if not got:
-                        return
-                    data += got
-                head, data = data.split(b"\r\n\r\n", 1)
+                try:
+                    got = read_head(conn, data)
+                except OSError:
+                    return
+                if got is None:
+                    return
+                head, data = got
                 self.requests.append(head)
                 if not self.answer(conn, head, n):
                     return

@@ -35,6 +35,18 @@ http {{
 """
 
 
+def read_head(conn: socket.socket, pending: bytes = b"") -> tuple[bytes, bytes] | None:
+    """An HTTP message's head from ``conn``, after the ``pending`` bytes already read: (the head
+    without its blank line, the bytes after it), or None when the other end closes first."""
+    while b"\r\n\r\n" not in pending:
+        got = conn.recv(65536)
+        if not got:
+            return None
+        pending += got
+    head, _, rest = pending.partition(b"\r\n\r\n")
+    return head, rest
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

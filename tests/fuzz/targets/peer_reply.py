@@ -18,6 +18,7 @@ import socket
 import threading
 import zlib
 
+from benchlib.servers import read_head
 from fuzzlib import bounded
 
 from shardfs.storage.peers import auth, client, conns
@@ -49,13 +50,10 @@ class _Peer:
                     pass
 
     def _answer(self, conn: socket.socket) -> None:
-        request = b""
-        while b"\r\n\r\n" not in request:
-            got = conn.recv(4096)
-            if not got:
-                return
-            request += got
-        proof = re.search(rb"\r\n%s: ([^\r]*)" % auth.HEADER.encode(), request)
+        got = read_head(conn)
+        if got is None:
+            return
+        proof = re.search(rb"\r\n%s: ([^\r]*)" % auth.HEADER.encode(), got[0])
         head, sep, body = self.reply.partition(b"\r\n\r\n")
         declared = re.search(rb"(?i)\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r", head + b"\r\n")
         signed = body[: int(declared.group(1))] if declared else body
