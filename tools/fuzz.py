@@ -99,10 +99,11 @@ def run_target(name: str, args) -> Outcome:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--", *flags,
                *([args.reproduce] if args.reproduce else dirs)]
         started = time.monotonic()
+        # libFuzzer ends the child with exit(), past Python's cleanup: its temporaries go in ours
         log_path = Path(scratch) / "log"
         with open(log_path, "w") as log:
             done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
+                                  cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0", "TMPDIR": scratch})
         text = log_path.read_text(errors="replace")
         outcome = parse_stats(name, done.returncode, time.monotonic() - started, text)
         if done.returncode or args.verbose:
