@@ -1,7 +1,8 @@
 """The compiled parts, built by pip install with a C compiler and Python's headers alone: the request
 loop (shardfs/fuse/lowlevel/*.c), which declares the part of libfuse3 it uses itself
 (lowlevel/libfuse.h) and binds the node's libfuse3.so.3 (and zlib's crc32) when shardfs starts, so
-it links neither; and the tar scanner's fast path (shardfs/formats/_tarscan.c).
+it links neither; the tar scanner's fast path (shardfs/formats/_tarscan.c) and the zip directory's
+(shardfs/formats/_zipdir.c), which share the names' normal forms (shardfs/formats/_names.h).
 
 One wheel for every CPython from 3.10 (cluster users pick 3.10-3.14 from modules or AppStream):
 each extension is built against the limited API of 3.10 (Py_LIMITED_API, see ``ABI3``) and the
@@ -86,11 +87,18 @@ setup(
     ), Extension(
         "shardfs.formats._tarscan",
         sources=["shardfs/formats/_tarscan.c"],
-        depends=["shardfs/pybuffer310.h"],
+        depends=["shardfs/pybuffer310.h", "shardfs/formats/_names.h"],
         # -O3: the checksum loop vectorised
         extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"] + SANITIZE_COMPILE,
         # where glibc before 2.34 keeps the thread keys (_tarscan.c binds them to their old symbol version)
         extra_link_args=(["-Wl,--no-as-needed", "-l:libpthread.so.0"] if OLD_DLOPEN else []) + SANITIZE_LINK,
+        **ABI3,
+    ), Extension(
+        "shardfs.formats._zipdir",
+        sources=["shardfs/formats/_zipdir.c"],
+        depends=["shardfs/pybuffer310.h", "shardfs/formats/_names.h"],
+        extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-fvisibility=hidden"] + SANITIZE_COMPILE,
+        extra_link_args=SANITIZE_LINK,
         **ABI3,
     )],
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

@@ -16,6 +16,7 @@ typedef struct {
     void *internal;
 } Py_buffer;
 #define PyBUF_SIMPLE 0
+#define PyBUF_WRITABLE 0x0001
 #define PyBUF_C_CONTIGUOUS 0x0038 /* PyBUF_ND | PyBUF_STRIDES | 0x0020 */
 PyAPI_FUNC(int) PyObject_GetBuffer(PyObject *obj, Py_buffer *view, int flags);
 PyAPI_FUNC(void) PyBuffer_Release(Py_buffer *view);

@@ -31,19 +31,17 @@ import stat
 import time
 
 import numpy as np
-from xxhash import xxh64_intdigest
 
 from shardfs.formats.base import VIRTUAL, ByteSource, Kind, ScanResult, ShardFormatError
-from shardfs.formats.tarcolumns import (HASH, KIND, LINK_END, MODE, MTIME, NAME_END, NFIELDS, NORM_END, NORM_START,
-                                        NOT_NORMAL, OFFSET, PARENT_END, PARENT_HASH, SIZE, SMALL_END, MemberColumns)
-from shardfs.formats.zipdir import (ENCRYPTED, IFMT, STRONG, WHY, Directory, Entries, data_starts, find_directory,
-                                    names_of, ragged_equal, read_entries, shown, unix_modes, walk)
+from shardfs.formats.tarcolumns import KIND, LINK_END, MODE, MTIME, NAME_END, NFIELDS, OFFSET, SIZE, SMALL_END, MemberColumns
+from shardfs.formats import _zipdir
+from shardfs.formats.zipdir import (ENCRYPTED, IFMT, STRONG, WHY, Directory, Entries, Names, data_starts,
+                                    find_directory, names_of, read_entries, shown, unix_modes)
 from shardfs.formats.zipread import (BZIP2, DEFLATE64, LZMA, MAX_ENTRY, METHODS, STORED, WITHIN_BITS, ZSTD,  # noqa: F401
                                      ZipLayout)
 
 _METHOD_NAMES = {DEFLATE64: "deflate64", BZIP2: "bzip2", LZMA: "lzma", ZSTD: "zstd", 6: "implode", 1: "shrink",
                  98: "ppmd", 95: "xz", 99: "AES (encrypted)"}
-_MAX_NAME = 255  # a name longer than this (index/names.MAX_NAME) is left to replay.py
 
 
 class ZipFormat:
@@ -82,7 +80,7 @@ class ZipFormat:
         cd = bytes(src.pread(where.at, where.size))
         if len(cd) != where.size:
             raise ShardFormatError(f"central directory cut off ({len(cd)} of {where.size} bytes)")
-        entries = read_entries(cd, where.at, walk(cd, where.count), where.shift)
+        entries = read_entries(cd, where)
         del cd
         warnings: list[str] = []
         fixed = entries.fixed
@@ -129,12 +127,12 @@ def _columns(src, entries: Entries, all_names, modes, directory, which, start, w
     compressed = (fixed["method"][which] != STORED) & ~dirs
     offset = np.where(compressed, VIRTUAL | which.astype(np.int64) << WITHIN_BITS, np.where(dirs, 0, start))
     size = np.where(dirs, 0, entries.usize[which])
-    names = all_names if len(which) == len(all_names) else [all_names[w] for w in which.tolist()]
+    names = all_names.take(which)
     links = _link_targets(src, names, kind, offset, size, warnings)
     if links:
         gone = np.array([i for i, t in links.items() if t is None], np.int64)
         keep = np.setdiff1d(np.arange(len(names)), gone)
-        names = [names[i] for i in keep.tolist()]
+        names = names.take(keep)
         kind, offset, size, perm, mtime, dirs = (a[keep] for a in (kind, offset, size, perm, mtime, dirs))
         targets = [links.get(i, b"") for i in keep.tolist()]
         offset[kind == Kind.SYMLINK] = 0
@@ -142,15 +140,16 @@ def _columns(src, entries: Entries, all_names, modes, directory, which, start, w
     else:
         targets = []
     rows = np.zeros((len(names), NFIELDS), np.int64)
-    lengths = np.fromiter(map(len, names), np.int64, len(names))
-    rows[:, NAME_END] = np.cumsum(lengths)
+    rows[:, NAME_END] = names.ends
     rows[:, KIND], rows[:, OFFSET], rows[:, SIZE], rows[:, MODE] = kind, offset, size, perm
     rows[:, MTIME] = np.nan_to_num(mtime).astype(np.int64)
     rows[:, LINK_END] = np.cumsum([len(t) for t in targets]) if targets else 0
     rows[:, SMALL_END] = -1
-    blob = b"".join(names)
-    above = _normal_forms(names, dirs, blob, rows)
-    return MemberColumns(blob, rows, b"".join(targets), b"", above)
+    # each row's normal form, path hash and parent, as the tar scanner fills them (a name that
+    # index/names.normalise would change beyond one trailing slash is NOT_NORMAL: its shard then
+    # goes through index/replay.py, which normalises names for every format)
+    above = _zipdir.normal_forms(names.blob, rows)
+    return MemberColumns(names.blob, rows, b"".join(targets), b"", above)
 
 
 def _link_targets(src, names, kind, offset, size, warnings) -> dict[int, bytes | None]:
@@ -171,55 +170,6 @@ def _link_targets(src, names, kind, offset, size, warnings) -> dict[int, bytes |
     return links
 
 
-def _normal_forms(names: list[bytes], dirs: np.ndarray, blob: bytes, rows: np.ndarray) -> bytes:
-    """Fills each row's normal form (its span in the name, its path hash, its parent's end and
-    hash, as _tarscan.c does) and returns the hashes of the folders above the parents. A name that
-    index/names.normalise would change beyond a folder's trailing slash, or refuse, is NOT_NORMAL:
-    its shard then goes through index/replay.py, which normalises names for every format."""
-    ends = rows[:, NAME_END]
-    lengths = np.diff(ends, prepend=0)
-    begins = ends - lengths
-    norm_end = lengths - dirs
-    suspect = (norm_end <= 0) | (norm_end > _MAX_NAME)
-    if len(blob):
-        b = np.frombuffer(blob, np.uint8)
-        first = b[np.minimum(begins, len(b) - 1)]
-        suspect |= (first == ord(".")) | (first == ord("/"))
-        suspect |= b[np.maximum(begins + norm_end - 1, 0)] == ord("/")
-    for needle in (b"//", b"/.", b"\0"):
-        at = blob.find(needle)
-        while at >= 0:
-            suspect[np.searchsorted(ends, at, side="right")] = True
-            at = blob.find(needle, at + 1)
-    rows[:, NORM_START] = np.where(suspect, NOT_NORMAL, 0)
-    rows[:, NORM_END] = np.where(suspect, NOT_NORMAL, norm_end)
-    odd = np.flatnonzero(suspect | dirs)
-    norms = list(names) if len(odd) else names
-    for i in odd.tolist():
-        norms[i] = b"" if suspect[i] else names[i][:-1]
-    rows[:, HASH] = np.fromiter(map(xxh64_intdigest, norms), np.uint64, len(norms)).view(np.int64)
-    # each parent: up to the last "/" of the normal form, found for all names at once
-    slashes = np.concatenate([[-1], np.flatnonzero(np.frombuffer(blob, np.uint8) == ord("/"))])  # -1: none
-    cut = slashes[np.searchsorted(slashes, begins + np.maximum(norm_end, 0), side="left") - 1] - begins
-    cut = np.where(suspect | (cut <= 0), -1, cut)
-    rows[:, PARENT_END] = np.where(cut > 0, cut, NOT_NORMAL)
-    # parents come in runs (a folder's members together): hashed once a run
-    plen = np.maximum(cut, 0)
-    b8 = np.frombuffer(blob, np.uint8) if len(blob) else np.zeros(1, np.uint8)
-    new_run = np.ones(len(names), bool)
-    if len(names) > 1:
-        alike = plen[1:] == plen[:-1]
-        alike[alike] = ragged_equal(b8, begins[1:][alike], b8, begins[:-1][alike], plen[1:][alike])
-        new_run[1:] = ~alike
-    firsts = np.flatnonzero(new_run)
-    parents = [norms[i][:n] for i, n in zip(firsts.tolist(), plen[firsts].tolist())]
-    hashes = {p: xxh64_intdigest(p) for p in dict.fromkeys(parents)}
-    run_hash = np.fromiter(map(hashes.__getitem__, parents), np.uint64, len(parents))
-    rows[:, PARENT_HASH] = run_hash[np.cumsum(new_run) - 1].view(np.int64)
-    above = {xxh64_intdigest(p[:i]) for p in hashes for i in range(1, len(p)) if p[i] == 0x2F}
-    return np.array(sorted(above), np.uint64).tobytes()
-
-
 def dos_times(entries: Entries, which: np.ndarray) -> np.ndarray:
     """DOS date and time as local time (unzip: mktime with the node's TZ), each distinct one once."""
     packed = entries.fixed["date"][which].astype(np.int64) << 16 | entries.fixed["time"][which]
@@ -238,7 +188,7 @@ def _dos_time(packed: int) -> float:
         return 0.0
 
 
-def _left_out(warnings: list[str], mask, why: str, names: list[bytes], which=None) -> None:
+def _left_out(warnings: list[str], mask, why: str, names: Names, which=None) -> None:
     """One line for all the members ``mask`` leaves out, naming the first."""
     count = int(np.count_nonzero(mask))
     if count:

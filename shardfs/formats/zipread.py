@@ -18,8 +18,7 @@ import numpy as np
 
 from shardfs.formats.base import VIRTUAL, ByteSource, Fetch, ShardFormatError
 from shardfs.formats.lz4shard import BLOCK_CACHE
-from shardfs.formats.zipdir import (CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, data_starts, find_directory, read_entries,
-                                    shown, walk)
+from shardfs.formats.zipdir import CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, data_starts, find_directory, read_entries, shown
 
 STORED, DEFLATED, DEFLATE64, BZIP2, LZMA, ZSTD = 0, 8, 9, 12, 14, 93
 WHOLE_MAX = 16 << 20  # compressed members up to this size decompressed whole and cached; larger: streamed
@@ -114,7 +113,7 @@ class ZipLayout:
                 cd = bytes(fetch(where.at, where.size))
                 if len(cd) != where.size:
                     raise ShardFormatError("central directory cut off")
-                entries = read_entries(cd, where.at, walk(cd, where.count), where.shift)
+                entries = read_entries(cd, where)
                 start, why = data_starts(fetch, self._src.size, entries, np.arange(where.count))
                 f = entries.fixed
                 self._table = _Table(start, why, f["method"].copy(), f["flags"].copy(), entries.csize, entries.usize,

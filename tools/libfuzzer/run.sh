@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target tarscan.c (the tar scanner's C) with clang's ASan and UBSan and runs
-# it from small seed tars written by Python's tarfile (USTAR, GNU, PAX, a ustar prefix):
-#   bash tools/libfuzzer/run.sh [SECONDS] [libFuzzer options...]      (default 60 s)
+# Builds the libFuzzer targets with clang's ASan and UBSan and runs each in turn for SECONDS:
+# tarscan.c (the tar scanner's C) from small seed tars written by Python's tarfile (USTAR, GNU,
+# PAX, a ustar prefix), zipdir.c (the zip directory's C) from central directories of zips written
+# by zipfile (plain, UTF-8, folders, odd names):
+#   bash tools/libfuzzer/run.sh [SECONDS] [libFuzzer options...]      (default 60 s a target)
 # Needs Debian's clang-14 and libclang-rt-14-dev (tools/setup.sh installs them). A crash or a
 # failed check stops it with a non-zero status and leaves the input in tools/libfuzzer/findings/
 # (crash-*, timeout-*): to replay one, build as below and run the binary on that file alone.
@@ -19,12 +21,15 @@ include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("include"))')
 libdir=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 pylib=$("$PYTHON" -c 'import sysconfig; print("python" + sysconfig.get_config_var("LDVERSION"))')
 # (libpython only for the module's own functions, which the target never calls)
-clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$include" \
-    "$here/tarscan.c" -o "$work/tarscan" -L"$libdir" -Wl,-rpath,"$libdir" -l"$pylib"
-mkdir -p "$work/corpus" "$here/findings"
-"$PYTHON" - "$work/corpus" <<'PY'
-import io, os, sys, tarfile
-out = sys.argv[1]
+for target in tarscan zipdir; do
+    clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$include" \
+        "$here/$target.c" -o "$work/$target" -L"$libdir" -Wl,-rpath,"$libdir" -l"$pylib"
+    mkdir -p "$work/corpus-$target"
+done
+mkdir -p "$here/findings"
+"$PYTHON" - "$work/corpus-tarscan" "$work/corpus-zipdir" <<'PY'
+import io, os, struct, sys, tarfile, zipfile
+out, zips = sys.argv[1], sys.argv[2]
 def tar(name, fmt, members):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
@@ -44,6 +49,22 @@ tar("ustar", tarfile.USTAR_FORMAT, plain)
 tar("gnu", tarfile.GNU_FORMAT, plain + [("n" * 150 + "/long", b"L", tarfile.REGTYPE)])
 tar("pax", tarfile.PAX_FORMAT, plain + [("p/\u00e9", b"P", tarfile.REGTYPE)])
 tar("prefix", tarfile.USTAR_FORMAT, [("d" * 120 + "/" + "e" * 60, b"E", tarfile.REGTYPE)])
+def central(name, members):
+    """The zip's central directory, after the entry count its end record gives (two bytes)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, data in members:
+            z.writestr(path, data)
+    raw = buf.getvalue()
+    count, size, at = struct.unpack_from("<HII", raw, len(raw) - 22 + 10)
+    with open(os.path.join(zips, name), "wb") as f:
+        f.write(struct.pack("<H", count) + raw[at : at + size])
+central("plain", [("cls/a.jpg", b"a"), ("cls/b.jpg", b"b"), ("other/c.jpg", b"c")])
+central("folders", [("d/", b""), ("d/e/", b""), ("d/e/f.txt", b"f")])
+central("odd", [("./x/../y", b"1"), ("\u00e9t\u00e9/a", b"2"), ("a//b", b"3"), ("../up", b"4")])
 PY
 cd "$here/findings"
-"$work/tarscan" "$work/corpus" -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$@"
+for target in tarscan zipdir; do
+    echo "== $target"
+    "$work/$target" "$work/corpus-$target" -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$@"
+done
