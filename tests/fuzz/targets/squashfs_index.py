@@ -15,7 +15,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-import tracemalloc
+
+from fuzzlib import bounded
+from test_fuzz_tar_writers import MemorySource
 
 from shardfs.formats.base import Kind, ShardFormatError
 from shardfs.formats.lz4shard import BlockCache
@@ -26,49 +28,32 @@ _WRITTEN: dict[str, dict[bytes, tuple]] = {}  # sha256 of a seed image -> the tr
 MEMORY_BOUND = 64 << 20  # tables of a < 1 MiB input, a block of at most 1 MiB decompressed, copies
 
 
-class MemorySource:
-    """An image held in memory, read as a shard is (formats.base.ByteSource)."""
-
-    window = 1 << 16
-
-    def __init__(self, data: bytes):
-        self.data, self.size = data, len(data)
-
-    def pread(self, offset: int, length: int) -> bytes:
-        return self.data[offset : offset + length]
-
-
 def one_input(data: bytes) -> None:
     src = MemorySource(data)
-    if not tracemalloc.is_tracing():  # started once: starting and stopping it per input leaks in CPython
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    base, _ = tracemalloc.get_traced_memory()
-    result = FORMAT.scan(src)
-    if result.error is not None:
-        assert not result.members
-        return
-    try:
-        t = tables.read(src)
-    except ShardFormatError as exc:
-        raise AssertionError(f"the tables refuse an image whose scan passed: {exc}") from None
-    layout = SquashfsLayout(t, BlockCache(4 << 20))  # its own cache: nothing carried between inputs
-    got = {}
-    for m in result.members:
-        if m.kind == Kind.FILE:
-            try:
-                part = layout.read(m.offset, m.size, lambda o, n: data[o : o + n]) if m.size < (8 << 20) else None
-            except ShardFormatError:
-                continue
-            if part is not None:
-                assert len(part) == m.size, f"{m.path!r}: {len(part)} bytes for {m.size}"
-                got[m.path] = ("file", hashlib.sha256(part).hexdigest())
-        elif m.kind == Kind.SYMLINK:
-            got[m.path] = ("symlink", m.link)
-        else:
-            got[m.path] = ("dir", None)
-    _, peak = tracemalloc.get_traced_memory()
-    assert peak - base < MEMORY_BOUND, f"{peak - base} bytes allocated for a {len(data)}-byte image"
+    with bounded(MEMORY_BOUND, f"a {len(data)}-byte image's scan and reads"):
+        result = FORMAT.scan(src)
+        if result.error is not None:
+            assert not result.members
+            return
+        try:
+            t = tables.read(src)
+        except ShardFormatError as exc:
+            raise AssertionError(f"the tables refuse an image whose scan passed: {exc}") from None
+        layout = SquashfsLayout(t, BlockCache(4 << 20))  # its own cache: nothing carried between inputs
+        got = {}
+        for m in result.members:
+            if m.kind == Kind.FILE:
+                try:
+                    part = layout.read(m.offset, m.size, lambda o, n: data[o : o + n]) if m.size < (8 << 20) else None
+                except ShardFormatError:
+                    continue
+                if part is not None:
+                    assert len(part) == m.size, f"{m.path!r}: {len(part)} bytes for {m.size}"
+                    got[m.path] = ("file", hashlib.sha256(part).hexdigest())
+            elif m.kind == Kind.SYMLINK:
+                got[m.path] = ("symlink", m.link)
+            else:
+                got[m.path] = ("dir", None)
     written = _WRITTEN.get(hashlib.sha256(data).hexdigest())
     if written is not None:
         assert got == written, f"the seed's tree differs: {sorted(set(got.items()) ^ set(written.items()))}"
