@@ -371,6 +371,53 @@ def _scan(path: Path):
         return zipformat.FORMAT.scan(shard)
 
 
+class _Recording:
+    """A zip's bytes as a ByteSource that records each read (offset, length)."""
+
+    window = 1 << 20
+
+    def __init__(self, data: bytes):
+        self.data, self.size, self.reads = data, len(data), []
+
+    def pread(self, offset: int, length: int) -> bytes:
+        self.reads.append((offset, length))
+        return self.data[offset : offset + length]
+
+
+def _spaced_zip(path: Path, count: int, size: int) -> bytes:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for i in range(count):
+            z.writestr(f"c/{i:05d}.jpg", os.urandom(16) * (size // 16))
+    return path.read_bytes()
+
+
+def test_local_headers_of_jpeg_sized_members_are_read_front_to_back_once(tmp_path):
+    """Members of 100 KB (a zip of JPEGs): the local headers are read with the data between them, in
+    a few large reads front to back that follow one another (the build's reads fill the caches as
+    a tar's do), not a read each (a seek each on a disk, a request each on remote storage)."""
+    data = _spaced_zip(tmp_path / "jpegs.zip", 200, 100_000)
+    src = _Recording(data)
+    result = zipformat.FORMAT.scan(src)
+    assert not result.error and len(result.members) == 200
+    directory_at = struct.unpack_from("<I", data, len(data) - 22 + 16)[0]
+    tail_at = len(data) - 22 - 0xFFFF  # where the end record is looked for
+    before = sorted(r for r in src.reads if r[0] < directory_at and r[0] != tail_at)  # (not the end, the directory)
+    assert not [r for r in before if r[1] < 70_000], f"headers read one by one: {before[:5]}"
+    spans = before
+    assert len(spans) <= len(data) // (4 << 20) + 2
+    assert spans[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+    assert spans[-1][0] + spans[-1][1] >= data.rfind(b"PK\x03\x04")
+
+
+def test_local_headers_of_members_far_apart_are_read_alone(tmp_path):
+    """Members of 3 MB: each local header is read alone; the data between them is not read."""
+    data = _spaced_zip(tmp_path / "big.zip", 6, 3 << 20)
+    src = _Recording(data)
+    result = zipformat.FORMAT.scan(src)
+    assert not result.error and len(result.members) == 6
+    assert sum(n for _, n in src.reads) < 1 << 20, src.reads
+
+
 def test_truncated_and_cut_off_directory(tmp_path):
     data = _good(tmp_path).read_bytes()
     for cut in (len(data) - 10, len(data) - 40, len(data) // 2, 10):

@@ -5,9 +5,10 @@ The index comes from the central directory alone, found from the end (the end re
 locator and record); each member's data starts after its *local* header, whose name and extra field
 may differ from the central ones, so every local header is read and checked in the scan too
 (signature, name, method, sizes): a stored member is then a byte range of the shard as stored,
-served by the compiled loop like a tar member, without Python. Local headers are read in a few
-large reads where they lie close together (a zip of a million tiny members: its whole data once)
-and one by one where members are large (a zip of JPEGs: its data is never read at mount).
+served by the compiled loop like a tar member, without Python. Local headers less than 1 MiB
+apart are read with the data between them, front to back in large reads (a zip of JPEGs or of a
+million tiny members: the whole zip once, as a tar's first mount reads it, and the caches keep
+it); those of members further apart are read alone.
 
 A compressed member (deflate; deflate64, bzip2, lzma, zstd where a library is at hand) is
 decompressed whole at its first read into the bounded cache lz4 blocks share, CRC-32 checked (EIO
