@@ -418,6 +418,25 @@ def test_local_headers_of_members_far_apart_are_read_alone(tmp_path):
     assert sum(n for _, n in src.reads) < 1 << 20, src.reads
 
 
+def test_first_read_of_a_compressed_member_reads_its_own_header_only(tmp_path):
+    """A deflated member's first read takes the central directory and its own local header, not
+    every member's (that would be a read of the whole zip before the first file is served)."""
+    path = tmp_path / "deflated.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for i in range(50):
+            z.writestr(f"c/{i:03d}.txt", os.urandom(8) * 8000)
+    data = path.read_bytes()
+    src = _Recording(data)
+    result = zipformat.FORMAT.scan(src)
+    member = next(m for m in result.members if m.path == b"c/017.txt")
+    with zipfile.ZipFile(path) as z:
+        want = z.read("c/017.txt")
+    layout = zipformat.ZipLayout(src)
+    src.reads.clear()
+    assert bytes(layout.read(member.offset, member.size, src.pread)) == want
+    assert sum(n for _, n in src.reads) < 2 * member.size + (64 << 10), src.reads
+
+
 def test_truncated_and_cut_off_directory(tmp_path):
     data = _good(tmp_path).read_bytes()
     for cut in (len(data) - 10, len(data) - 40, len(data) // 2, 10):

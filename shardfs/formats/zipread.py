@@ -18,10 +18,12 @@ import numpy as np
 
 from shardfs.formats.base import VIRTUAL, ByteSource, Fetch, ShardFormatError
 from shardfs.formats.lz4shard import BLOCK_CACHE
-from shardfs.formats.zipdir import CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, data_starts, find_directory, read_entries, shown
+from shardfs.formats.zipdir import (CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, Directory, data_starts, find_directory,
+                                    read_entries, shown)
 
 STORED, DEFLATED, DEFLATE64, BZIP2, LZMA, ZSTD = 0, 8, 9, 12, 14, 93
 WHOLE_MAX = 16 << 20  # compressed members up to this size decompressed whole and cached; larger: streamed
+_UNCHECKED = -2  # a data start not known yet: its local header is read at its first read
 # A compressed member's offset: VIRTUAL, its entry's number in the central directory, and the place
 # in its decompressed data (the reader adds that to the member's offset).
 WITHIN_BITS = 38  # members up to 256 GiB
@@ -105,8 +107,10 @@ class ZipLayout:
             return stream.read(within, length)
 
     def _entries(self, fetch: Fetch) -> _Table:
-        """The central directory's entries and their local headers checked, all at once (as the
-        scan did): ~40 bytes per entry, kept while the zip is mounted; a read then costs no parse."""
+        """The central directory's entries, read at the first read of a compressed member: ~50
+        bytes per entry, kept while the zip is mounted. Each local header is read and checked at
+        its member's first read (a read of the whole zip for every header at once would be the
+        first read's wait)."""
         with self._lock:
             if self._table is None:
                 where = find_directory(self._src)
@@ -114,20 +118,35 @@ class ZipLayout:
                 if len(cd) != where.size:
                     raise ShardFormatError("central directory cut off")
                 entries = read_entries(cd, where)
-                start, why = data_starts(fetch, self._src.size, entries, np.arange(where.count))
                 f = entries.fixed
-                self._table = _Table(start, why, f["method"].copy(), f["flags"].copy(), entries.csize, entries.usize,
-                                     f["crc"].copy(), entries.at, f["nlen"].copy())
+                span = CENTRAL_SIZE + f["nlen"].astype(np.int32) + f["elen"] + f["clen"]
+                self._table = _Table(np.full(where.count, _UNCHECKED, np.int64), np.zeros(where.count, np.int8),
+                                     f["method"].copy(), f["flags"].copy(), entries.csize, entries.usize,
+                                     f["crc"].copy(), entries.at, f["nlen"].copy(), span, where.shift)
             return self._table
 
     def _member(self, entry: int, fetch: Fetch) -> _Member:
         t = self._entries(fetch)
         if entry >= len(t.start):
             raise ShardFormatError(f"no entry {entry} in the central directory")
+        with self._lock:
+            if t.start[entry] == _UNCHECKED:
+                t.start[entry], t.why[entry] = self._data_start(t, entry, fetch)
         if t.start[entry] < 0:
             raise ShardFormatError(f"member {self._name(entry, fetch)}: {WHY[int(t.why[entry])]}")
         return _Member(entry, int(t.method[entry]), int(t.start[entry]), int(t.csize[entry]), int(t.usize[entry]),
                        int(t.crc[entry]), int(t.flags[entry]))
+
+    def _data_start(self, t: _Table, entry: int, fetch: Fetch) -> tuple[int, int]:
+        """(where its data starts, or -1; why not): its local header read and checked against its
+        central entry, read again (as the scan checked it)."""
+        at, span = int(t.at[entry]), int(t.span[entry])
+        raw = bytes(fetch(at, span))
+        if len(raw) != span:
+            raise ShardFormatError("central directory cut off")
+        one = read_entries(raw, Directory(at, span, 1, t.shift))
+        start, why = data_starts(fetch, self._src.size, one, np.zeros(1, np.int64))
+        return int(start[0]), int(why[0])
 
     def _name(self, entry: int, fetch: Fetch) -> str:
         """A member's name, for a message (read again from its entry: names are not kept)."""
@@ -139,7 +158,7 @@ class ZipLayout:
 class _Table:
     """What reading each entry's data needs, as columns."""
 
-    start: np.ndarray  # int64: where its data starts, -1 where its local header did not check out
+    start: np.ndarray  # int64: where its data starts, -1 where its local header did not check out, _UNCHECKED
     why: np.ndarray  # int8: why not (WHY)
     method: np.ndarray
     flags: np.ndarray
@@ -148,6 +167,8 @@ class _Table:
     crc: np.ndarray
     at: np.ndarray  # int64: its central entry's offset in the shard (for its name)
     nlen: np.ndarray
+    span: np.ndarray  # int32: its central entry's bytes, all told
+    shift: int  # bytes before the archive (zipdir.Directory)
 
 
 def _whole(member: _Member, fetch: Fetch) -> bytes:
