@@ -103,7 +103,7 @@ class ZipFormat:
         stored_twice = (method == STORED) & ~directory & (entries.csize != entries.usize)
         _left_out(warnings, stored_twice, "stored, with two different sizes", names)
         which = np.flatnonzero(~encrypted & readable & ~far & ~stored_twice)
-        start, why = data_starts(src.pread, src.size, entries, which)
+        start, why = data_starts(src.pread, src.size, entries, which, getattr(src, "window", 0))
         for code, text in WHY.items():
             _left_out(warnings, why == code, text, names, which)
         which, start = which[start >= 0], start[start >= 0]

@@ -228,9 +228,11 @@ def unix_modes(entries: Entries) -> np.ndarray:
 # --------------------------------------------------------------------------- local headers
 
 
-def data_starts(pread: Fetch, size: int, entries: Entries, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def data_starts(pread: Fetch, size: int, entries: Entries, which: np.ndarray,
+                window: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(data start, or -1 where the local header does not match, why) for entries ``which``: each
-    local header read and checked against its central entry. Close ones are read in one span."""
+    local header read and checked against its central entry. Close ones are read together, in
+    reads of the larger of _SPAN and the source's ``window`` (a remote object's request)."""
     local = entries.local[which]
     nlen = entries.fixed["nlen"][which].astype(np.int64)
     want = _LOCAL_SIZE + nlen
@@ -240,7 +242,7 @@ def data_starts(pread: Fetch, size: int, entries: Entries, which: np.ndarray) ->
     past = local + want > size
     why[past] = 1
     order = order[~past[order]]
-    for batch in _spans(local[order], want[order]):
+    for batch in _spans(local[order], want[order], max(_SPAN, window)):
         chosen = order[batch.members]
         data = b"".join(pread(s, e - s) for s, e in batch.spans)
         if len(data) != batch.total:
@@ -264,9 +266,9 @@ class _Batch:
         return self._base[i] + offsets - self._starts[i]
 
 
-def _spans(starts: np.ndarray, lengths: np.ndarray):
+def _spans(starts: np.ndarray, lengths: np.ndarray, span: int):
     """Batches of reads covering [starts[i], starts[i]+lengths[i]) (sorted by start). Headers less
-    than _GAP apart are read with the bytes between them, front to back in pieces of about _SPAN
+    than _GAP apart are read with the bytes between them, front to back in pieces of about ``span``
     (each piece starting where the one before ended): a read per header cost more than the bytes
     between, on every storage measured (page cache: ~80 us a read through the storage pool, about
     240 KB of reading; a disk's seek or a remote request: a few MB). So a zip of JPEGs is read as
@@ -278,7 +280,7 @@ def _spans(starts: np.ndarray, lengths: np.ndarray):
     new_run = np.ones(len(starts), bool)
     new_run[1:] = starts[1:] - reach[:-1] > _GAP
     run_lo = starts[new_run][np.cumsum(new_run) - 1]
-    piece = (starts - run_lo) // _SPAN
+    piece = (starts - run_lo) // span
     new_piece = new_run.copy()
     new_piece[1:] |= piece[1:] != piece[:-1]
     first = np.flatnonzero(new_piece)
