@@ -466,9 +466,9 @@ def _mount_options() -> argparse.ArgumentParser:
                         "HTTPFileSystem): endpoint_url=http://host:9000, anon=true, key=..., secret=...; repeat it")
     m.add_argument("--index-dir", help="where indexes go when the shard directory is read-only "
                                        "(default $XDG_CACHE_HOME/shardfs)")
-    m.add_argument("--workers", type=int, help="indexes built at once (tar shards: three threads each, some parse while "
-                                               "others read; processes for Parquet, Arrow, HDF5 and lz4 shards; "
-                                               "default: the cores, up to 8)")
+    m.add_argument("--workers", type=int, help="indexes built at once (tar, zip and SquashFS: three threads each, "
+                                               "some parse while others read; processes for Parquet, Arrow, HDF5 "
+                                               "and lz4 shards; default: the cores, up to 8)")
     m.add_argument("--no-auto-unmount", action="store_true",
                    help="leave a stale mount if the daemon is killed (default: fusermount3 unmounts it)")
     m.add_argument("--log-file", help="daemon log (default under $XDG_CACHE_HOME/shardfs/logs)")
@@ -547,7 +547,7 @@ def _add_index(add) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC")
     p.add_argument("--index-dir", type=_folder())
     p.add_argument("--workers", type=_at_least(1),
-                   help="indexes built at once (tar shards: three threads each; default: the cores)")
+                   help="indexes built at once (tar, zip and SquashFS: three threads each; default: the cores)")
     p.add_argument("--rebuild", action="store_true", help="rebuild even if current")
     columns_option(p)
     p.set_defaults(func=cmd_index)

@@ -441,3 +441,33 @@ def test_hypothesis_trees_through_mksquashfs_equal_the_mount(tmp_path_factory, m
     extracted = unsquashfs(shards / "t.sqfs", base / "x")
     m = mount(shards, name=f"mnt-{base.name}")
     assert snapshot(Path(m.path)) == snapshot(extracted)
+
+
+@pytest.mark.parametrize("files, size, options", [(10, 60_000, ()), (3_000, 300, ("-noI", "-noD")), (2, 40_000, ())])
+def test_an_index_build_reads_the_tables_and_the_fingerprint_in_three_reads(tmp_path, files, size, options):
+    """An image's index build reads its head, its tables (from at least its last 64 KiB on) and
+    the fingerprint's middle window, and keeps what those reads hold of the fingerprint's other
+    windows: three reads where the image is over 192 KiB, whatever its tables' size; its
+    fingerprint is fingerprint.of's either way (the image under 192 KiB is hashed whole)."""
+    from shardfs.index import fingerprint, shard_index
+    from shardfs.storage.local import LocalShard
+    from shardfs.view.dataset import builds_in_threads
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rnd = __import__("random").Random(files)
+    for i in range(files):
+        (src / f"{i:05d}.jpg").write_bytes(rnd.randbytes(size))
+    image = mksquashfs(src, tmp_path / "i.sqfs", "-comp", "zstd", *options)  # (-noI -noD: tables over 64 KiB)
+    reads = []
+    shard = LocalShard.open(str(image))
+    pread = shard.pread
+    shard.pread = lambda offset, length: reads.append((offset, length)) or pread(offset, length)
+    ix = shard_index.build(shard)
+    assert len(ix) == files + 1 and not ix.error and not ix.warnings
+    assert ix.shard_fingerprint == fingerprint.of(LocalShard.open(str(image)))
+    if image.stat().st_size > 3 * fingerprint.WINDOW:
+        assert len(reads) == 3, reads
+    if options:
+        assert image.stat().st_size - tables.read(LocalShard.open(str(image))).sb.inode_table > 64 << 10
+    assert builds_in_threads(str(image))  # (no worker processes for a scan of a few reads)

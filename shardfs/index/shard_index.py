@@ -153,8 +153,12 @@ def _build(shard: Shard, fmt, columns: Columns, stored: Shard | None = None) -> 
         elif getattr(fmt, "gives_columns", False):  # tar: its plain members as the compiled scanner's columns
             keeping = fingerprint.Keeping(shard) if stored is None else shard
             result = fmt.scan(keeping, columns=True)
-        else:
-            result = fmt.scan(shard)
+        else:  # lz4, SquashFS: they read a few tables; what those reads hold of the fingerprint is kept
+            keeping = fingerprint.Keeping(shard) if stored is None else shard
+            # The fingerprint's windows asked of the kernel first: read while the scan reads, not
+            # one after another once it is done (its middle window is no table's).
+            shard.will_need(fingerprint.ranges(shard.size))
+            result = fmt.scan(keeping)
     except ShardFormatError as exc:  # a dataset file that cannot be parsed at all
         result = ScanResult(members=[], warnings=[], error=str(exc))
     return _index(shard, fmt, result, columns, keeping if stored is None else None, stored or shard)

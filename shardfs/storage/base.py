@@ -84,6 +84,10 @@ class Shard:
     def forget(self, offset: int, length: int) -> None:
         """These bytes are cached above us now: drop any copy the kernel keeps of them."""
 
+    def will_need(self, ranges: list[tuple[int, int]]) -> None:
+        """(offset, length) ranges a scan reads soon, out of order: a local file asks the kernel to
+        read them now, all at once, so their reads need not wait one after another."""
+
     def changed(self) -> bool:
         """Whether the shard is no longer the one indexed (size, mtime or tag differ, or it is gone).
         ShardIOError when storage gives no definite answer (a timeout, EIO, a 5xx): an outage

@@ -152,6 +152,17 @@ class LocalShard(Shard):
                 os.close(dfd)
         return self._dfd
 
+    def will_need(self, ranges: list[tuple[int, int]]) -> None:
+        try:
+            self._bounded(0, self._will_need_now, ranges)
+        except ShardIOError:
+            pass  # only advice: the reads themselves say what is wrong
+
+    def _will_need_now(self, ranges: list[tuple[int, int]]) -> None:
+        fd = self.fd()
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
     def forget(self, offset: int, length: int) -> None:
         if self._fd is not None:
             try:

@@ -192,9 +192,10 @@ def builds_in_threads(path: str) -> bool:
     is ~0.5 ms, most of it saving the index;
     measured at 400,000 members in 200 shards, two threads took less time and CPU than two worker
     processes (no fork, no index pickled back), and a build in the daemon's process can keep
-    what it reads (the RAM cache). Other formats (Parquet, HDF5, lz4) scan in Python: processes."""
+    what it reads (the RAM cache). So are the formats that say so (``builds_in_threads``: SquashFS,
+    which reads only its tables). Others (Parquet, HDF5, lz4) scan in Python: processes."""
     fmt = format_for(path)
-    return fmt is not None and getattr(fmt, "gives_columns", False)
+    return fmt is not None and getattr(fmt, "builds_in_threads", getattr(fmt, "gives_columns", False))
 
 
 def _build(jobs: list, workers: int, in_threads: bool, collect) -> None:
