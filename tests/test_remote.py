@@ -323,6 +323,32 @@ def test_lz4_shards_and_shardfs_index_on_s3(bucket, sample_tree, tar_shards, mot
     assert os.getxattr(os.path.join(m.path, files[0]), "user.shardfs.format") == b"lz4"
 
 
+def test_zip_squashfs_and_compressed_tar_on_s3_as_one_tree(bucket, sample_tree, moto_endpoint, mount, tmp_path):
+    """The archives users already have, as objects: a zip (Info-ZIP, JPEGs stored), a SquashFS image
+    (mksquashfs, zstd) and a .tar.gz, each holding a third of the files, mounted from one prefix as
+    one tree, every byte the source's."""
+    from benchlib import sample
+
+    files = sample.files_under(str(sample_tree))
+    parts = [tmp_path / f"part{i}" for i in range(3)]
+    for i, rel in enumerate(files):
+        dest = parts[i % 3] / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(sample_tree / rel, dest)
+    out = tmp_path / "arch"
+    out.mkdir()
+    subprocess.run(["zip", "-q", "-r", "-n", ".jpg", str(out / "a.zip"), "."], cwd=parts[0], check=True)
+    subprocess.run(["mksquashfs", str(parts[1]), str(out / "b.sqfs"), "-comp", "zstd", "-no-xattrs", "-quiet"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["tar", "-C", str(parts[2]), "-czf", str(out / "c.tar.gz"), "."], check=True)
+    url = bucket.upload_dir(out, "arch/")
+    m = mount(url, options=("--option", f"endpoint_url={moto_endpoint}"))
+    assert m.stats()["problems"] == 0 and m.stats()["shards"] == 3
+    assert tree_digests(m.path) == tree_digests(sample_tree)
+    assert [os.getxattr(os.path.join(m.path, files[i]), "user.shardfs.format") for i in range(3)] == [
+        b"zip", b"squashfs", b"ctar"]
+
+
 def test_sighup_picks_up_added_objects_and_changed_ones_answer_eio(bucket, moto_endpoint, mount):
     from tarcraft import archive, member
 
