@@ -12,6 +12,8 @@ sizes varying by that fraction), it prints:
 * ``moved_over_lost``: bytes whose owner changes when a fraction F of the nodes leave, over the
   bytes those nodes owned (1.0: only theirs move), for the F given with ``--lose`` (the largest
   of them where several are given); ``moved_over_lost_by_fraction``: each F's;
+* ``placement_seconds``: the longest one placement took here (every node makes one when peers
+  go down or come back, on a thread of its own);
 * ``storage_per_epoch`` (per RAM budget in ``--ram``, each node's, as a multiple of the mean
   share dataset/N): shared storage reads of an epoch after the first, over the dataset, when each
   owner keeps whole owned shards while they fit and reads the rest again every epoch (the first
@@ -73,7 +75,9 @@ def simulate(nodes: int, shards: int, lose: list[float], ram: list[float], sprea
     began = time.monotonic()
     peers = peers_of(nodes)
     digests, sizes = shards_of(shards, spread, seed)
+    timed = time.perf_counter()
     placed = owner.Placement(digests, sizes, peers)
+    placing = [time.perf_counter() - timed]
     owners = np.array(placed.owner, dtype=np.int64)
     mean = sizes.sum() / nodes
     loads = loads_of(owners, sizes, nodes)
@@ -91,11 +95,15 @@ def simulate(nodes: int, shards: int, lose: list[float], ram: list[float], sprea
     rng = np.random.default_rng(seed)
     for fraction in lose:
         gone = frozenset(rng.choice(placed.ring.peers, max(1, round(fraction * nodes)), replace=False).tolist())
+        timed = time.perf_counter()
         after = np.array(owner.Placement(digests, sizes, peers, down=gone, ring=placed.ring).owner, dtype=np.int64)
+        placing.append(time.perf_counter() - timed)
         lost = np.isin(owners, [placed.ring.peers.index(p) for p in gone])
         moved = owners != after
         result["moved_over_lost_by_fraction"][str(fraction)] = round(float(sizes[moved].sum() / sizes[lost].sum()), 3)
     result["moved_over_lost"] = max(result["moved_over_lost_by_fraction"].values(), default=None)
+    # (what a node's placement builder takes when peers go down or come back: net.py)
+    result["placement_seconds"] = round(max(placing), 3)
     result["seconds"] = round(time.monotonic() - began, 2)
     return result
 

@@ -168,10 +168,11 @@ class IndexSharing:
         """The shard's index from its owner, checked and kept; None: ours to build (we own it,
         or its owner is down, slow, has none or sent one that does not describe our shard)."""
         digest = self._digests.get(path)
-        peer = self.net.owner_of(digest) if digest is not None else None
+        began = time.monotonic()
+        # (its owner down: the new one, once the owners without it are made)
+        peer = self.net.owner_of(digest, until=began + deadline.TIMEOUT) if digest is not None else None
         if peer is None:
             return None
-        began = time.monotonic()
         if peer == self.net.me:  # it fell to us (a peer down): built once here, for us and whoever asks us
             self._wait(self._once(digest, path), deadline.TIMEOUT)
             return None  # (the index job finds it stored)

@@ -16,7 +16,8 @@ bound). A peer that comes back gets its shards back: the result depends on the i
 blake2b and shake, not Python's ``hash()``: that one is salted per process.
 
 The assignment needs every shard's size at once: it is computed once per view and again when
-peers go down or come back (``Placement``), never per read. A read whose owner fails goes on
+peers go down or come back (``Placement``; 0.2-0.4 s for 100,000 shards), never per read, and
+off the readers' threads (net.py). A read whose owner fails goes on
 along the shard's candidates (``candidates``): the one the shard falls to is usually next.
 """
 

@@ -83,7 +83,7 @@ class PeerShard(Shard):
         ends = time.monotonic() + PEER_BUDGET_S
         tried: set[str] = set()
         if not serving_peer():
-            while (peer := self._next_peer(tried)) is not None and ends - time.monotonic() > 0.5:
+            while (peer := self._next_peer(tried, ends)) is not None and ends - time.monotonic() > 0.5:
                 tried.add(peer)
                 data = self._fetch(peer, offset, length, ends, self._lacking)
                 if data is not None:
@@ -108,14 +108,15 @@ class PeerShard(Shard):
         origin.add_from_peers(len(data))
         return data
 
-    def _next_peer(self, tried: set[str]) -> str | None:
+    def _next_peer(self, tried: set[str], ends: float) -> str | None:
         """Whom to ask next: the owner were all up, if it is down but due for another try (so a
-        peer that comes back is found); then the candidates among the peers up, until us."""
+        peer that comes back is found); then the candidates among the peers up, until us, in
+        the placement this read goes by (its owner down: the new one, waited for up to ``ends``)."""
         client, me, now = self.net.client, self.net.me, time.monotonic()
         first = self.net.placement(with_down=False).owner_of(self.digest)
         if first not in (None, me) and first not in tried and client.is_down(first) and client.usable(first):
             return first
-        for peer in self.net.placement().candidates(self.digest):
+        for peer in self.net.placement_for(self.digest, ends - 0.5).candidates(self.digest):
             if peer == me:
                 return None
             if peer not in tried and client.usable(peer) and self._lacking.get(peer, 0.0) <= now:
