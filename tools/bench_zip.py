@@ -210,6 +210,7 @@ def main() -> int:
                    help="issue 40's remount and memory per member: N members split over --remount-zips zips "
                         "(written record by record, kept in --workdir), --repeat rounds (0: not measured)")
     p.add_argument("--remount-zips", type=int, default=4)
+    p.add_argument("--remount-deflate", action="store_true", help="the same with every member deflated")
     p.add_argument("--json")
     args = p.parse_args()
     work = os.path.abspath(args.workdir)
@@ -238,9 +239,12 @@ def main() -> int:
                     tables.cell(row[k], "{:.0f}", tables.median(base.get(k, [])) if not key.endswith("/shardfs") else None)
                     for k in ("cold", "warm")]
                 print(f"{key:24} {cells[0]:>18} {cells[1]:>26} {cells[2]:>26}")
-        if args.remount_members:
-            got, targets = many_members.run(mounts, work, "zip", args.remount_members, args.remount_zips, args.repeat)
-            out["remount"] = got
+        targets = []
+        for kind in ("zip", "zip-deflate")[: (2 if args.remount_deflate else 1) if args.remount_members else 0]:
+            got, more = many_members.run(mounts, work, kind, args.remount_members, args.remount_zips, args.repeat)
+            out[f"remount_{kind}"] = got
+            targets += more
+        if targets:
             print()
             tables.print_targets(targets, "issue 40 target")
     if args.json:

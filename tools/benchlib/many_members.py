@@ -35,26 +35,29 @@ def member(i: int) -> tuple[bytes, bytes]:
     return b"c%05d/%08d.txt" % (i // 1000, i), b"member %d\n" % i
 
 
-def write_zip(path: str, start: int, count: int) -> None:
-    """Members start..start+count as one stored zip (zip64 end records when over 65,535 members)."""
+def write_zip(path: str, start: int, count: int, deflate: bool = False) -> None:
+    """Members start..start+count as one zip, stored (or deflated: each member compressed on its
+    own, as every zip writer does), with zip64 end records when over 65,535 members."""
     local = struct.Struct("<IHHHHHIIIHH")
     central = struct.Struct("<IHHHHHHIIIHHHHHII")
     offsets, crcs, sizes = [], [], []
+    method = 8 if deflate else 0
     with open(path + ".part", "wb", buffering=1 << 22) as f:
         offset = 0
         for i in range(start, start + count):
             name, data = member(i)
             crc = zlib.crc32(data)
+            stored = _deflated(data) if deflate else data
             offsets.append(offset)
             crcs.append(crc)
-            sizes.append(len(data))
-            record = local.pack(0x04034B50, 20, 0, 0, DOS_TIME, DOS_DATE, crc, len(data), len(data), len(name), 0)
-            f.write(record + name + data)
-            offset += len(record) + len(name) + len(data)
+            sizes.append((len(stored), len(data)))
+            record = local.pack(0x04034B50, 20, 0, method, DOS_TIME, DOS_DATE, crc, len(stored), len(data), len(name), 0)
+            f.write(record + name + stored)
+            offset += len(record) + len(name) + len(stored)
         cd_start = offset
         for k, i in enumerate(range(start, start + count)):
             name, _ = member(i)
-            record = central.pack(0x02014B50, (3 << 8) | 20, 20, 0, 0, DOS_TIME, DOS_DATE, crcs[k], sizes[k], sizes[k],
+            record = central.pack(0x02014B50, (3 << 8) | 20, 20, 0, method, DOS_TIME, DOS_DATE, crcs[k], *sizes[k],
                                   len(name), 0, 0, 0, 0, UNIX_FILE, offsets[k])
             f.write(record + name)
             offset += len(record) + len(name)
@@ -65,6 +68,11 @@ def write_zip(path: str, start: int, count: int) -> None:
         f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
                             min(cd_size, 0xFFFFFFFF), min(cd_start, 0xFFFFFFFF), 0))
     os.rename(path + ".part", path)
+
+
+def _deflated(data: bytes) -> bytes:
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as zip holds it
+    return c.compress(data) + c.flush()
 
 
 def write_squashfs(path: str, start: int, count: int, comp: str = "zstd") -> None:
@@ -86,7 +94,8 @@ def write_squashfs(path: str, start: int, count: int, comp: str = "zstd") -> Non
     os.rename(path + ".part", path)
 
 
-WRITERS = {"zip": (write_zip, ".zip"), "squashfs": (write_squashfs, ".sqfs")}
+WRITERS = {"zip": (write_zip, ".zip"), "zip-deflate": (lambda *a: write_zip(*a, deflate=True), ".zip"),
+           "squashfs": (write_squashfs, ".sqfs")}
 
 
 def archives(work: str, kind: str, members: int, shards: int) -> str:
