@@ -139,6 +139,16 @@ def _first_members(folder: str, members: int, shards: int) -> list[str]:
     return [member(s * per)[0].decode() for s in range(shards)]
 
 
+def _loaded(m, deadline_s: float = 120.0) -> dict:
+    """The mount's cache figures once no shard is being loaded into it."""
+    end = time.monotonic() + deadline_s
+    while True:
+        cache = (m.stats() or {}).get("cache") or {}
+        if not cache.get("shards_loading") or time.monotonic() >= end:
+            return cache
+        time.sleep(0.2)
+
+
 def _mount(mounts: Mounts, folder: str, mnt: str, index_dir: str, log: str, want_view: bool,
            read: list[str] | None = None) -> dict:
     """One timed ``shardfs mount`` (page cache dropped first), its stats and the daemon's memory:
@@ -167,9 +177,10 @@ def _mount(mounts: Mounts, folder: str, mnt: str, index_dir: str, log: str, want
             with open(os.path.join(mnt, rel), "rb") as f:
                 f.read()
             out["read_s"].append(time.perf_counter() - t)
+        cache = _loaded(m)  # (a shard being loaded counts in full in the cache's bytes, not yet in RSS)
         status = proc_status(m.pid)
         out["rss_read"], out["hwm_read"] = status.get("VmRSS", 0), status.get("VmHWM", 0)
-        out["cache_bytes"] = ((m.stats() or {}).get("cache") or {}).get("used_bytes", 0)
+        out["cache_bytes"] = cache.get("used_bytes", 0)
     mounts.unmount(m)
     return out
 
