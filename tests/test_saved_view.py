@@ -277,3 +277,10 @@ def test_mtimes_past_what_nanoseconds_hold_are_served_at_the_end_of_the_range(tm
     mtimes = sorted(os.lstat(os.path.join(folder, name)).st_mtime_ns
                     for folder, dirs, files in os.walk(m.path) for name in files)
     assert mtimes[0] == -9_200_000_000 * 10**9 and mtimes[-1] == 9_200_000_000 * 10**9 and mtimes[1] == 0
+
+
+def test_the_code_that_makes_a_view_includes_the_formats_subpackages():
+    """A change to what a squashfs offset means (formats/squashfs/) makes views anew, as one to
+    formats/*.py does."""
+    files = {os.path.relpath(p, os.path.dirname(os.path.dirname(snapshot.__file__))) for p in snapshot.code_files()}
+    assert {"formats/squashfs/layout.py", "formats/squashfs/inodes.py", "formats/tar.py", "view/tree.py"} <= files

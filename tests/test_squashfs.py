@@ -22,6 +22,7 @@ from conftest import force_unmount, needs_fuse
 from shardfs.formats import format_for
 from shardfs.formats.base import Kind
 from shardfs.formats.squashfs import FORMAT, tables
+from shardfs.formats.squashfs.inodes import IN_FRAGMENT
 from shardfs.formats.base import VIRTUAL
 from shardfs.storage import open_shard
 
@@ -235,6 +236,46 @@ def test_ranges_of_the_image_are_served_by_the_compiled_loop_the_others_by_the_l
     assert again.stats()["view_mapped"]
     for name in ("text.txt", "random.bin"):
         assert (Path(again.path) / "mixed" / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_files_in_one_fragment_are_read_without_walking_the_inode_table(tmp_path):
+    """Files under the block size (all in a compressed fragment block) carry their fragment in the
+    offset: the layout reads them with the fragment table alone; the first read of a file in
+    blocks walks the inode table once. An index made before (stream offsets for every virtual
+    file) still reads the same bytes."""
+    src = tmp_path / "mixed"
+    src.mkdir()
+    want = {f"tiny{i}.txt": b"tiny file %d\n" % i * (i + 1) for i in range(50)}
+    want["blocks.txt"] = b"".join(b"line %d\n" % i for i in range(60000))  # blocks and a tail
+    for name, data in want.items():
+        (src / name).write_bytes(data)
+    image = mksquashfs(src, tmp_path / "mixed.sqfs", "-comp", "zstd", "-b", "64K")
+    members = {m.path.decode().split("/", 1)[1]: m for m in FORMAT.scan(open_shard(str(image))).members
+               if m.kind == Kind.FILE}
+    assert set(members) == set(want)
+    shard = open_shard(str(image))
+    fetch = lambda off, n: shard.pread(off, n)  # noqa: E731
+    layout = FORMAT.open_layout(shard, shard.size)
+    for name, data in want.items():
+        if name != "blocks.txt":
+            assert members[name].offset & IN_FRAGMENT, name
+            assert layout.read(members[name].offset, len(data), fetch) == data
+            assert layout.read(members[name].offset + 3, 5, fetch) == data[3:8]
+    assert not layout.walked
+    big = members["blocks.txt"]
+    assert not big.offset & IN_FRAGMENT and big.offset & VIRTUAL
+    assert layout.read(big.offset + 70_000, 100_000, fetch) == want["blocks.txt"][70_000:170_000]
+    assert layout.walked
+
+    t = tables_of(image)  # the offsets an index made before IN_FRAGMENT holds
+    old_offsets = t.plan.offsets.copy()
+    old_offsets[t.plan.virtual] = VIRTUAL + t.plan.stream
+    by_offset = {int(o): name for name, m in members.items() for o in [m.offset]}
+    old_layout = FORMAT.open_layout(shard, shard.size)
+    for new, old in zip(t.plan.offsets.tolist(), old_offsets.tolist()):
+        if new in by_offset:
+            data = want[by_offset[new]]
+            assert old_layout.read(old, len(data), fetch) == data, by_offset[new]
 
 
 @needs_fuse

@@ -21,6 +21,12 @@ What the index time measures, per round, page cache dropped before each step:
   merged), not the daemon's start, which a remount pays too; the whole first mount is printed too;
 - `unsquashfs -lls IMAGE` for each image, one after another (it takes one image), output to
   /dev/null, each process's start included: what listing the images costs a user of squashfs-tools.
+
+``--remount-members N`` measures only issue 40's remount and memory per member: N tiny members in
+--remount-images images (benchlib.many_members: first mount, remount with the saved view and
+without it, the daemon's resident memory per member):
+
+    .venv/bin/python tools/bench_squashfs.py --remount-members 4000000 --remount-images 4 --rounds 3
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import tempfile
 import time
 
 from bench import decode_pass
-from benchlib import sample, tables
+from benchlib import many_members, sample, tables
 from benchlib.caches import drop_caches
 from benchlib.methods import Data, Plain, ShardFS, SquashfuseLL
 from benchlib.mounts import Mounts
@@ -59,6 +65,10 @@ def parse_args() -> argparse.Namespace:
                    help="those images hold N files of 200-1,000 random bytes each (100 folders), not the JPEGs")
     p.add_argument("--retries", type=int, default=1)
     p.add_argument("--index-only", action="store_true", help="only the many-images index time, no epochs")
+    p.add_argument("--remount-members", type=int, default=0, metavar="N",
+                   help="issue 40's remount and memory per member: N tiny members in --remount-images images "
+                        "(tar2sqfs, kept in --workdir), --rounds rounds; alone, without the other parts")
+    p.add_argument("--remount-images", type=int, default=4)
     return p.parse_args()
 
 
@@ -157,6 +167,13 @@ def index_times(args, many: str, mounts: Mounts) -> dict[str, list[float]]:
 def main() -> int:
     args = parse_args()
     os.makedirs(args.workdir, exist_ok=True)
+    if args.remount_members:
+        with Mounts() as mounts:
+            _, targets = many_members.run(mounts, args.workdir, "squashfs", args.remount_members, args.remount_images,
+                                          args.rounds)
+        print()
+        tables.print_targets(targets, "issue 40 target")
+        return 0
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(dir=args.workdir)
     plain, datas = make_data(args)
     methods = methods_of(datas)

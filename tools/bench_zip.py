@@ -11,11 +11,14 @@ its spread [min-max], all through the real CLIs.
    each served by shardfs, fuse-zip (Debian's) and ratarmount: mount time, then a cold epoch
    (page cache dropped, every file read once in a random order by --readers processes) and a warm
    epoch (again, same mount), files/s; the plain directory for reference.
+3. ``--remount-members N``: N tiny members in --remount-zips zips: first mount, remount with the
+   saved view and without it, the daemon's resident memory per member (benchlib.many_members).
 
 Run as root (the page cache is dropped before cold epochs)::
 
     .venv/bin/python tools/bench_zip.py --json /tmp/bench-zip.json
     .venv/bin/python tools/bench_zip.py --members 100000 --classes 10 --per-class 100 --repeat 2   # a quick look
+    .venv/bin/python tools/bench_zip.py --skip-first-mount --skip-epochs --remount-members 4000000 --remount-zips 4
 
 Mounts are always undone, also on SIGTERM / Ctrl-C; processes are only signalled by the pid this
 run started.
@@ -34,7 +37,7 @@ import tarfile
 import time
 import zipfile
 
-from benchlib import readers, tables
+from benchlib import many_members, readers, tables
 from benchlib.caches import drop_caches
 from benchlib.machine import print_header, proc_status
 from benchlib.methods import Ratarmount
@@ -203,6 +206,11 @@ def main() -> int:
     p.add_argument("--skip-first-mount", action="store_true")
     p.add_argument("--tar", action="store_true", help="also a tar of the same members, for reference")
     p.add_argument("--skip-epochs", action="store_true")
+    p.add_argument("--remount-members", type=int, default=0, metavar="N",
+                   help="issue 40's remount and memory per member: N members split over --remount-zips zips "
+                        "(written record by record, kept in --workdir), --repeat rounds (0: not measured)")
+    p.add_argument("--remount-zips", type=int, default=4)
+    p.add_argument("--remount-deflate", action="store_true", help="the same with every member deflated")
     p.add_argument("--json")
     args = p.parse_args()
     work = os.path.abspath(args.workdir)
@@ -231,6 +239,14 @@ def main() -> int:
                     tables.cell(row[k], "{:.0f}", tables.median(base.get(k, [])) if not key.endswith("/shardfs") else None)
                     for k in ("cold", "warm")]
                 print(f"{key:24} {cells[0]:>18} {cells[1]:>26} {cells[2]:>26}")
+        targets = []
+        for kind in ("zip", "zip-deflate")[: (2 if args.remount_deflate else 1) if args.remount_members else 0]:
+            got, more = many_members.run(mounts, work, kind, args.remount_members, args.remount_zips, args.repeat)
+            out[f"remount_{kind}"] = got
+            targets += more
+        if targets:
+            print()
+            tables.print_targets(targets, "issue 40 target")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

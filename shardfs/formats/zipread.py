@@ -18,12 +18,11 @@ import numpy as np
 
 from shardfs.formats.base import VIRTUAL, ByteSource, Fetch, ShardFormatError
 from shardfs.formats.lz4shard import BLOCK_CACHE
-from shardfs.formats.zipdir import (CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, Directory, data_starts, find_directory,
-                                    read_entries, shown)
+from shardfs.formats.zipdir import (CENTRAL_SIZE, ENCRYPTED, STRONG, WHY, Directory, Entries, data_starts,
+                                    find_directory, read_entries, shown)
 
 STORED, DEFLATED, DEFLATE64, BZIP2, LZMA, ZSTD = 0, 8, 9, 12, 14, 93
 WHOLE_MAX = 16 << 20  # compressed members up to this size decompressed whole and cached; larger: streamed
-_UNCHECKED = -2  # a data start not known yet: its local header is read at its first read
 # A compressed member's offset: VIRTUAL, its entry's number in the central directory, and the place
 # in its decompressed data (the reader adds that to the member's offset).
 WITHIN_BITS = 38  # members up to 256 GiB
@@ -79,7 +78,7 @@ class ZipLayout:
         """Every member's data read and its CRC-32 checked, stored ones too (``shardfs verify``):
         one line per member that fails. (Members the scan left out were named by its warnings.)"""
         problems = []
-        for entry in range(len(self._entries(fetch).start)):
+        for entry in range(len(self._entries(fetch).at)):
             try:
                 member = self._member(entry, fetch)
             except ShardFormatError:
@@ -107,10 +106,11 @@ class ZipLayout:
             return stream.read(within, length)
 
     def _entries(self, fetch: Fetch) -> _Table:
-        """The central directory's entries, read at the first read of a compressed member: ~50
-        bytes per entry, kept while the zip is mounted. Each local header is read and checked at
-        its member's first read (a read of the whole zip for every header at once would be the
-        first read's wait)."""
+        """Where each central directory entry lies, read at the first read of a compressed member:
+        8 bytes per entry kept while the zip is mounted (at 4,000,000 members, the ~50 bytes of
+        every entry's fields kept here were over a third of the daemon's memory per member). A
+        member's entry and its local header are read again and checked at its first read (a read
+        of the whole zip for every header at once would be the first read's wait)."""
         with self._lock:
             if self._table is None:
                 where = find_directory(self._src)
@@ -119,55 +119,46 @@ class ZipLayout:
                     raise ShardFormatError("central directory cut off")
                 entries = read_entries(cd, where)
                 f = entries.fixed
-                span = CENTRAL_SIZE + f["nlen"].astype(np.int32) + f["elen"] + f["clen"]
-                self._table = _Table(np.full(where.count, _UNCHECKED, np.int64), np.zeros(where.count, np.int8),
-                                     f["method"].copy(), f["flags"].copy(), entries.csize, entries.usize,
-                                     f["crc"].copy(), entries.at, f["nlen"].copy(), span, where.shift)
+                end = where.at  # where the last entry ends (an empty directory: where it is)
+                if len(entries.at):
+                    end = int(entries.at[-1]) + CENTRAL_SIZE + sum(int(f[k][-1]) for k in ("nlen", "elen", "clen"))
+                self._table = _Table(entries.at.copy(), end, where.shift)
             return self._table
 
-    def _member(self, entry: int, fetch: Fetch) -> _Member:
+    def _entry(self, entry: int, fetch: Fetch) -> Entries:
+        """One central directory entry, read again from the shard."""
         t = self._entries(fetch)
-        if entry >= len(t.start):
+        if entry >= len(t.at):
             raise ShardFormatError(f"no entry {entry} in the central directory")
-        with self._lock:
-            if t.start[entry] == _UNCHECKED:
-                t.start[entry], t.why[entry] = self._data_start(t, entry, fetch)
-        if t.start[entry] < 0:
-            raise ShardFormatError(f"member {self._name(entry, fetch)}: {WHY[int(t.why[entry])]}")
-        return _Member(entry, int(t.method[entry]), int(t.start[entry]), int(t.csize[entry]), int(t.usize[entry]),
-                       int(t.crc[entry]), int(t.flags[entry]))
-
-    def _data_start(self, t: _Table, entry: int, fetch: Fetch) -> tuple[int, int]:
-        """(where its data starts, or -1; why not): its local header read and checked against its
-        central entry, read again (as the scan checked it)."""
-        at, span = int(t.at[entry]), int(t.span[entry])
+        at = int(t.at[entry])
+        span = (int(t.at[entry + 1]) if entry + 1 < len(t.at) else t.end) - at  # (entries follow one another)
         raw = bytes(fetch(at, span))
         if len(raw) != span:
             raise ShardFormatError("central directory cut off")
-        one = read_entries(raw, Directory(at, span, 1, t.shift))
+        return read_entries(raw, Directory(at, span, 1, t.shift))
+
+    def _member(self, entry: int, fetch: Fetch) -> _Member:
+        """Its entry, and its local header checked against it (as the scan checked it)."""
+        one = self._entry(entry, fetch)
         start, why = data_starts(fetch, self._src.size, one, np.zeros(1, np.int64))
-        return int(start[0]), int(why[0])
+        if start[0] < 0:
+            raise ShardFormatError(f"member {self._name(entry, fetch)}: {WHY[int(why[0])]}")
+        f = one.fixed[0]
+        return _Member(entry, int(f["method"]), int(start[0]), int(one.csize[0]), int(one.usize[0]), int(f["crc"]),
+                       int(f["flags"]))
 
     def _name(self, entry: int, fetch: Fetch) -> str:
         """A member's name, for a message (read again from its entry: names are not kept)."""
-        t = self._entries(fetch)
-        return shown(bytes(fetch(int(t.at[entry]) + CENTRAL_SIZE, int(t.nlen[entry]))))
+        one = self._entry(entry, fetch)
+        return shown(bytes(one.raw[int(one.name_at[0]) : int(one.name_at[0]) + int(one.fixed["nlen"][0])]))
 
 
 @dataclass
 class _Table:
-    """What reading each entry's data needs, as columns."""
+    """Where each entry of the central directory lies."""
 
-    start: np.ndarray  # int64: where its data starts, -1 where its local header did not check out, _UNCHECKED
-    why: np.ndarray  # int8: why not (WHY)
-    method: np.ndarray
-    flags: np.ndarray
-    csize: np.ndarray
-    usize: np.ndarray
-    crc: np.ndarray
-    at: np.ndarray  # int64: its central entry's offset in the shard (for its name)
-    nlen: np.ndarray
-    span: np.ndarray  # int32: its central entry's bytes, all told
+    at: np.ndarray  # int64: its offset in the shard
+    end: int  # where the last one ends
     shift: int  # bytes before the archive (zipdir.Directory)
 
 

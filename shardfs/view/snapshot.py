@@ -78,16 +78,24 @@ def place(sources: list[str], index_dir: str | None, layout, columns) -> tuple[s
     return os.path.join(index_dir or cache_dir(), name), json.dumps([which, _code_id()])
 
 
+def code_files() -> list[str]:
+    """The files of the code that makes a view: the package's __init__.py (its version), index/,
+    view/, formats/ with its subpackages (squashfs/: what its offsets mean), the table and the
+    compiled modules."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return sorted([os.path.join(root, "__init__.py")]
+                  + glob.glob(os.path.join(root, "index", "*.py")) + glob.glob(os.path.join(root, "view", "*.py"))
+                  + glob.glob(os.path.join(root, "formats", "**", "*.py"), recursive=True)
+                  + glob.glob(os.path.join(root, "formats", "*.so"))
+                  + glob.glob(os.path.join(root, "fuse", "table.py")) + glob.glob(os.path.join(root, "fuse", "*.so")))
+
+
 def _code_id() -> str:
     """This shardfs: its version and the files of the code that makes a view (a checkout edited
     since the snapshot was written, or another release, makes views anew)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package's (its version: __init__.py)
-    files = sorted([os.path.join(root, "__init__.py")]
-                   + glob.glob(os.path.join(root, "index", "*.py")) + glob.glob(os.path.join(root, "view", "*.py"))
-                   + glob.glob(os.path.join(root, "formats", "*.py")) + glob.glob(os.path.join(root, "formats", "*.so"))
-                   + glob.glob(os.path.join(root, "fuse", "table.py")) + glob.glob(os.path.join(root, "fuse", "*.so")))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256()
-    for path in files:
+    for path in code_files():
         st = os.stat(path)
         digest.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return digest.hexdigest()

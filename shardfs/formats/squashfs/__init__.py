@@ -48,7 +48,7 @@ class SquashfsFormat:
 
         if src.size != size:
             raise ShardFormatError(f"file is {src.size} bytes, expected {size} (shard changed?)")
-        return SquashfsLayout(tables.read(src))
+        return SquashfsLayout(src)
 
 
 def read_members(src: ByteSource):

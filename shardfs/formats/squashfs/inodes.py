@@ -9,8 +9,14 @@ the fragment table, so the scan (the index) and the data layout (reads) agree on
 * a file whose bytes are one range of the image as stored (every block stored uncompressed and
   whole, no tail in a fragment; or all of it in an uncompressed fragment block) has that range's
   position: the compiled loop serves it from the cached image like a tar member;
-* every other file gets ``VIRTUAL`` plus the sum of the sizes of the virtual files before it in
-  the table: the layout finds it by a binary search and reads its blocks.
+* a file all in one compressed fragment block (every file under the block size, as mksquashfs
+  and tar2sqfs pack them: a dataset's JPEGs, its labels) gets ``VIRTUAL | IN_FRAGMENT``, the
+  fragment's number and the file's place in its block: the layout reads it with the fragment
+  table alone, no per-file state, no walk of the inode table;
+* every other file gets ``VIRTUAL`` plus its ``stream`` offset, the sum of the sizes of the
+  virtual files before it in the table (fragment files counted too, as indexes made before
+  ``IN_FRAGMENT`` hold them): the layout walks the inode table on the first read of one, finds
+  it by a binary search and reads its blocks.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ NO_FRAGMENT = 0xFFFF_FFFF
 RAW_BLOCK = 1 << 24  # block size field: stored uncompressed
 SIZE_MASK = RAW_BLOCK - 1
 MAX_FILE = 1 << 48  # 256 TiB: beyond, a size is damage (and sums of them could overflow int64)
+IN_FRAGMENT = 1 << 61  # with VIRTUAL: fragment number << PLACE_BITS | place of the file in its block
+PLACE_BITS = 20  # a block is at most 1 MiB, so a place plus a place within the file stays below 1 << 20
 
 DIR, FILE, SYMLINK, BLOCK_DEV, CHAR_DEV, FIFO, SOCKET = 1, 2, 3, 4, 5, 6, 7
 EXTENDED = 7  # type + 7: the extended form of a basic type
@@ -144,6 +152,7 @@ class Plan:
     virtual: np.ndarray  # bool: read through the layout
     sizes: np.ndarray  # uint32 block size lists of all files (block_sizes)
     first: np.ndarray  # int64: where each file's list starts in ``sizes``
+    stream: np.ndarray  # int64: the virtual files' stream offsets, VIRTUAL clear (also those IN_FRAGMENT)
 
 
 FRAGMENT_DTYPE = np.dtype([("start", "<u8"), ("size", "<u4"), ("unused", "<u4")])
@@ -178,5 +187,11 @@ def plan(data: bytes, files: np.ndarray, fragments: np.ndarray, block_size: int,
     vsize = size[virtual].astype(np.int64)
     if int(vsize.sum(dtype=np.float64)) >= VIRTUAL - (1 << 50):
         raise ShardFormatError("its files add up to more than shardfs can address")
-    offsets[virtual] = VIRTUAL + np.cumsum(vsize) - vsize
-    return Plan(offsets, virtual, sizes, first)
+    stream = np.cumsum(vsize) - vsize
+    offsets[virtual] = VIRTUAL + stream
+    # Files all in one fragment block (its size and place checked where it is read: layout._fragment).
+    place_fits = files["frag_off"].astype(np.uint64) + size <= np.uint64(min(block_size, 1 << PLACE_BITS))
+    whole = virtual & (n == 0) & (frag < len(fragments)) & place_fits
+    offsets[whole] = (VIRTUAL | IN_FRAGMENT | frag[whole].astype(np.int64) << PLACE_BITS
+                      | files["frag_off"][whole].astype(np.int64))
+    return Plan(offsets, virtual, sizes, first, stream)
