@@ -139,7 +139,9 @@ def test_a_reply_claiming_a_huge_body_gets_no_room_for_it(standin, status, signe
     finally:
         tracemalloc.stop()
     assert peer.requests, "the stand-in was never asked"
-    assert peak < 8 << 20, f"{peak} bytes allocated for a reply that claimed {CLAIMED}"
+    # (tracemalloc counts every thread's allocations: in the whole suite, threads other tests left
+    # running reached 87 MB here; room for the body would be all of CLAIMED at once)
+    assert peak < CLAIMED // 2, f"{peak} bytes allocated for a reply that claimed {CLAIMED}"
 
 
 @pytest.mark.parametrize("when", ["at the next request", "while idle"])
