@@ -453,6 +453,26 @@ def test_the_layout_keeps_eight_bytes_per_entry_after_compressed_reads(tmp_path)
     assert layout._table.at.nbytes <= 8 * len(members)
 
 
+def test_a_streamed_member_is_checked_once_not_at_each_read(tmp_path):
+    """A deflated member over zipread.WHOLE_MAX is streamed request after request: its bytes are
+    zipfile's, and its central entry is read at its first read only (not again for each request)."""
+    from shardfs.formats.zipread import WHOLE_MAX
+
+    path = tmp_path / "large.zip"
+    payload = os.urandom(WHOLE_MAX + (1 << 20))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("big.bin", payload)
+    data = path.read_bytes()
+    directory_at = struct.unpack_from("<I", data, len(data) - 22 + 16)[0]
+    src = _Recording(data)
+    member = next(m for m in zipformat.FORMAT.scan(src).members if m.path == b"big.bin")
+    layout = zipformat.ZipLayout(src)
+    src.reads.clear()
+    got = b"".join(bytes(layout.read(member.offset + at, 1 << 20, src.pread)) for at in range(0, len(payload), 1 << 20))
+    assert got == payload
+    assert len([r for r in src.reads if r[0] >= directory_at]) <= 3, src.reads[:5]  # the directory, the entry
+
+
 def test_truncated_and_cut_off_directory(tmp_path):
     data = _good(tmp_path).read_bytes()
     for cut in (len(data) - 10, len(data) - 40, len(data) // 2, 10):

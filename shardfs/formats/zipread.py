@@ -64,7 +64,10 @@ class ZipLayout:
         key = (self._id, entry)
         data = self._cache.get(key)
         if data is None:
-            member = self._member(entry, fetch)
+            # a member streamed (over WHOLE_MAX) is read request after request: its entry and local
+            # header were checked at its first read, not again at each
+            stream = self._stream
+            member = stream.member if stream is not None and stream.member.entry == entry else self._member(entry, fetch)
             try:
                 if member.usize > WHOLE_MAX:
                     return self._streamed(member, within, length, fetch)
