@@ -19,8 +19,12 @@ from hypothesis import strategies as st
 
 from conftest import force_unmount, needs_fuse
 from tar_corpus import reference_entries
-from shardfs.formats import compressed
+from shardfs.formats import compressed, ctar
 from shardfs.index import shard_index
+from shardfs.storage import buffers, open_shard
+from shardfs.storage.buildfill import Keeper
+from shardfs.storage.ram import ShardCache
+from shardfs.view import dataset
 
 TOOLS = ("tar", "gzip", "pigz", "zstd", "xz", "bzip2")
 pytestmark = pytest.mark.skipif(any(shutil.which(t) is None for t in TOOLS),
@@ -184,6 +188,120 @@ def test_a_stream_of_zeros_is_no_bomb(tmp_path):
     stream = compressed.Stream(compressed.codec_of(data), lambda o, n: data[o : o + n], len(data))
     sizes = [len(stream.read(1 << 20)) for _ in range(3)]
     assert sizes == [1 << 20] * 3
+
+
+@pytest.mark.parametrize("name", ["gz", "zstframes", "xzstreams", "bz2"])
+def test_streams_read_into_their_own_buffers_give_the_tools_bytes(archives, monkeypatch, name):
+    """Read through ``Shard.read_at`` into the stream's two buffers, in windows far smaller than
+    the file (the input handed to the decompressor as views of them, never copies): the bytes the
+    codec's own tool gives, several members, frames and streams included."""
+    _, _, paths = archives
+    monkeypatch.setattr(compressed, "READ", 8192)
+    shard = open_shard(paths[name])
+    try:
+        stream = compressed.Stream(compressed.codec_of(shard.pread(0, 8)), shard.pread, shard.size, 8192,
+                                   shard.read_at)
+        assert stream.raw.window == 8192 < shard.size // 4
+        out = bytearray()
+        buf = bytearray(100_000)
+        while got := stream.readinto(buf):
+            out += buf[:got]
+        stream.close()
+    finally:
+        shard.close()
+    codec = compressed.codec_of(open(paths[name], "rb").read(8)).name
+    reference = _run([DECOMPRESS[codec], "-dc", paths[name]], stdout=subprocess.PIPE).stdout
+    assert hashlib.sha256(out).digest() == hashlib.sha256(reference).digest()
+
+
+class _Room:
+    """A RAM room of ``limit`` bytes, counting what is taken and given back."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held, self.asked = limit, 0, 0
+
+    def take(self, n: int) -> bool:
+        self.asked += 1
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.held -= n
+        assert self.held >= 0
+
+
+def _tool_output(path: str) -> bytes:
+    return _run(["gzip", "-dc", path], stdout=subprocess.PIPE).stdout
+
+
+def test_a_spool_with_room_is_the_buffer_the_cache_keeps(archives, monkeypatch):
+    """Spooled in memory: no scratch file at all, the decompressor's bytes are the buffer handed
+    over (its length what it keeps of the room, the rest given back), and the scan read them."""
+    _, _, paths = archives
+    monkeypatch.setattr(ctar, "_scratch_file", lambda directory: pytest.fail("a scratch file was made"))
+    room = _Room(1 << 30)
+    shard = open_shard(paths["gz"])
+    spooled = ctar.SpooledShard(shard, room=room)
+    try:
+        want = _tool_output(paths["gz"])
+        assert spooled.size == len(want) and spooled.pread(0, spooled.size) == want
+        buf = spooled.take_buffer()
+        assert len(buf) == buffers.footprint(len(want)) == room.held
+        assert buf[: len(want)] == want and spooled.pread(100, 50) == want[100:150]  # (the scan reads on)
+    finally:
+        spooled.close()
+        shard.close()
+    assert room.held == len(buf)  # the new owner's: closing the spool gave nothing back twice
+    buf.close()
+
+
+def test_a_spool_past_its_room_moves_to_disk_with_every_byte(archives, monkeypatch, tmp_path):
+    """Room for a few steps only: what memory held goes to a scratch file, the rest follows, every
+    byte is the tool's, and all the room is given back; with no room at all it starts on disk."""
+    _, _, paths = archives
+    monkeypatch.setattr(buffers, "HUGE", 64 << 10)  # (steps of room in huge pages: smaller ones here)
+    monkeypatch.setattr(ctar, "ROOM_STEP", 64 << 10)
+    want = _tool_output(paths["gz"])
+    assert len(want) > 8 * (64 << 10)
+    for limit in (4 * (64 << 10), 0):
+        room = _Room(limit)
+        shard = open_shard(paths["gz"])
+        spooled = ctar.SpooledShard(shard, scratch=str(tmp_path), room=room)
+        try:
+            assert room.held == 0 and room.asked >= (3 if limit else 1)
+            assert spooled.take_buffer() is None
+            assert spooled.size == len(want) and spooled.pread(0, spooled.size) == want
+        finally:
+            spooled.close()
+            shard.close()
+        assert os.listdir(tmp_path) == []  # (unlinked at once)
+
+
+def test_the_cache_keeps_a_spool_as_built_and_counts_its_room(archives, tmp_path, monkeypatch):
+    """A daemon's build (a keeper around it): the shard is resident from its spool, its bytes the
+    tool's, the budget holding exactly its buffer; a budget too small for it spools to disk and
+    keeps nothing, its room all given back."""
+    _, _, paths = archives
+    want = _tool_output(paths["gz"])
+    for budget, kept in ((1 << 30, True), (len(want) // 2, False)):
+        cache = ShardCache([], budget)
+        keeper = Keeper(None, cache, in_ram=False)
+        try:
+            (path, ix, how), = dataset.index_shards([paths["gz"]], str(tmp_path / f"idx-{budget}"), workers=1,
+                                                    keep=keeper.reading, save=False)
+            assert ix is not None and ix.logical_size == len(want), how
+            view = dataset._open_shard(path, ix)
+            assert keeper.adopt([view]) == int(kept)
+            if kept:
+                assert cache.reserved == len(cache.resident[view].buf) == buffers.footprint(len(want))
+                got = cache.fetch(view, 0, view.size)
+                assert hashlib.sha256(got).digest() == hashlib.sha256(want).digest()
+            else:
+                assert cache.reserved == 0 and not cache.resident
+        finally:
+            cache.close()
 
 
 def test_a_plain_tar_named_tar_gz_is_read_as_tar(archives, tmp_path):

@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--side", type=int, default=320)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--readers", type=int, default=2)
-    p.add_argument("--images-many", type=int, default=100, help="images of the directory mounted as one tree")
+    p.add_argument("--images-many", type=int, default=100, help="images of the directory mounted as one tree (0: none, the epochs alone)")
     p.add_argument("--tiny-per-image", type=int, default=0, metavar="N",
                    help="those images hold N files of 200-1,000 random bytes each (100 folders), not the JPEGs")
     p.add_argument("--retries", type=int, default=1)
@@ -185,9 +185,11 @@ def main() -> int:
     with Mounts() as mounts:
         if not args.index_only:
             targets = epochs(args, methods, files, mounts)
-        many = many_images(args, plain)
-        idx = index_times(args, many, mounts)
+        idx = index_times(args, many_images(args, plain), mounts) if args.images_many else None
     print()
+    if idx is None:  # --images-many 0: the epochs alone
+        tables.print_targets(targets, "issue 40 target")
+        return 0
     what = f"{args.tiny_per_image} tiny files each" if args.tiny_per_image else f"{files // args.images_many} JPEGs each"
     for k, v in idx.items():
         print(f"{args.images_many} images of {what} as one tree, {k}: {median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")

@@ -18,8 +18,10 @@ bytes go where the caller puts them, never all at once into memory.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import io
 import lzma
+import mmap
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -56,9 +58,14 @@ class Codec:
 
 
 def _gzip(raw):
-    from isal import igzip  # ISA-L: see the module's docstring
+    from isal import igzip, isal_zlib  # ISA-L: see the module's docstring
 
-    return igzip.GzipFile(fileobj=raw, mode="rb")
+    # igzip.GzipFile's own reader (its members, CRCs and lengths), without GzipFile around it,
+    # whose readinto reads into a new buffer and copies: this one decompresses into the caller's.
+    reader = getattr(isal_zlib, "_GzipReader", None)
+    if reader is None:  # (python-isal before 1.6)
+        return igzip.GzipFile(fileobj=raw, mode="rb")
+    return io.BufferedReader(reader(raw, READ))
 
 
 def _zstd(raw):
@@ -96,33 +103,67 @@ def codec_of(head: bytes) -> Codec | None:
 
 
 class _ShardFile(io.RawIOBase):
-    """A shard's bytes (``pread``) as a file read front to back, ``window`` at a time (the readers
-    ask for 8-128 KiB; a remote object is read 8 MiB a request)."""
+    """A shard's bytes as a file read front to back, ``window`` at a time (the readers ask for
+    8 KiB-1 MiB; a remote object is read 8 MiB a request).
 
-    def __init__(self, pread: Callable[[int, int], bytes], size: int, window: int, watch=None):
-        self.pread, self.size, self.window, self.watch = pread, size, max(window, READ), watch
+    With ``read_at`` (``Shard.read_at``), windows are read into two buffers of its own, used in
+    turn, and ``read`` hands out views of them, not copies: a decompressor takes its input as any
+    bytes-like object, and asks for more only once it has used what it was given. So the input
+    passes through memory whose pages are faulted in once per stream, not at every read (on a VM
+    that gives freed pages back to its host, a fresh page costs a trip to the host)."""
+
+    def __init__(self, pread: Callable[[int, int], bytes], size: int, window: int, watch=None, read_at=None):
+        self.pread, self.size, self.watch, self._read_at = pread, size, watch, read_at
+        self.window = -(-max(window, READ) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.pos = 0  # the next byte handed out
         self._buf, self._at = b"", 0  # the last window read, and where in it ``pos`` is
+        self._mems = [mmap.mmap(-1, self.window) for _ in range(2)] if read_at is not None else []
+        self._turn = 0
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:
+    def _pending(self, n: int | None) -> memoryview | None:
+        """Up to ``n`` (None: all) of the bytes the last window has left, reading the next one
+        first if none are; None at the end of the shard."""
         if self._at == len(self._buf):
-            n = min(self.window, self.size - self.pos)
-            if n <= 0:
-                return 0
-            self._buf, self._at = self.pread(self.pos, n), 0
+            want = min(self.window, self.size - self.pos)
+            if want <= 0:
+                return None
+            if self._read_at is None:
+                self._buf = self.pread(self.pos, want)
+            else:
+                self._turn ^= 1
+                self._buf = memoryview(self._mems[self._turn])[:want]
+                self._read_at(self._buf, self.pos, want)
+            self._at = 0
             if not self._buf:
-                return 0
-        n = min(len(buf), len(self._buf) - self._at)
-        data = memoryview(self._buf)[self._at : self._at + n]
-        buf[:n] = data
-        self._at += n
-        self.pos += n
+                return None
+        k = len(self._buf) - self._at if n is None or n < 0 else min(n, len(self._buf) - self._at)
+        data = memoryview(self._buf)[self._at : self._at + k]
+        self._at += k
+        self.pos += k
         if self.watch is not None:
             self.watch(data)
-        return n
+        return data
+
+    def read(self, n: int = -1):
+        data = self._pending(n)
+        return b"" if data is None else data
+
+    def readinto(self, buf) -> int:
+        data = self._pending(len(buf))
+        if data is None:
+            return 0
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        super().close()
+        self._buf = b""
+        for mem in self._mems:
+            with contextlib.suppress(BufferError):  # a view still held: the mapping goes with it
+                mem.close()
 
 
 class ZstdFrames:
@@ -189,17 +230,33 @@ class Stream:
     were read so far. Errors of the data are ShardFormatError (with the offset in the
     decompressed stream); a failed read of the shard stays a ShardIOError."""
 
-    def __init__(self, codec: Codec, pread: Callable[[int, int], bytes], size: int, window: int = READ):
+    def __init__(self, codec: Codec, pread: Callable[[int, int], bytes], size: int, window: int = READ,
+                 read_at=None):
+        """``read_at``: the shard's ``read_at``, to read its bytes into buffers of the stream's own."""
         self.codec, self.pos = codec, 0
         self.frames = ZstdFrames() if codec.name == "zstd" else None
-        self.raw = _ShardFile(pread, size, window, self.frames)
+        self.raw = _ShardFile(pread, size, window, self.frames, read_at)
         self._reader = codec.open(self.raw)
         _count("streams", 1)
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (fewer only at the end of the stream)."""
-        try:
+        with self._errors():
             data = self._reader.read(n)
+        self._advance(len(data), n)
+        return data
+
+    def readinto(self, buf) -> int:
+        """As ``read``, into ``buf`` (a writable buffer): the bytes it holds."""
+        with self._errors():
+            got = self._reader.readinto(buf)
+        self._advance(got, len(buf))
+        return got
+
+    @contextlib.contextmanager
+    def _errors(self):
+        try:
+            yield
         except ShardIOError:
             raise
         except EOFError:
@@ -207,11 +264,12 @@ class Stream:
         except (OSError, ValueError, lzma.LZMAError, *_library_errors()) as exc:
             raise ShardFormatError(f"damaged {self.codec.name} data (read up to byte {self.raw.pos} of the file): "
                                    f"{exc}") from None
-        if not data and n:
+
+    def _advance(self, got: int, asked: int) -> None:
+        if not got and asked:
             self._check_whole()
-        self.pos += len(data)
-        _count("bytes", len(data))
-        return data
+        self.pos += got
+        _count("bytes", got)
 
     def _check_whole(self) -> None:
         """zstd's reader ends quietly where the input ends, even inside a frame: a cut-off frame is
@@ -221,6 +279,7 @@ class Stream:
 
     def close(self) -> None:
         self._reader.close()
+        self.raw.close()
 
 
 def _library_errors() -> tuple[type[Exception], ...]:

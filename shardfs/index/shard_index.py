@@ -127,7 +127,7 @@ def _scanned(shard: Shard, fmt, columns: Columns, keep) -> ShardIndex:
         with keep(shard) if keep is not None else contextlib.nullcontext():
             return _build(shard, fmt, columns)
     try:
-        logical = fmt.spooled(shard)
+        logical = fmt.spooled(shard, room=_spool_room(keep))
     except ShardFormatError as exc:  # damaged: refused whole (ctar.py says why)
         return _refused(shard, fmt, columns, str(exc))
     try:
@@ -137,6 +137,13 @@ def _scanned(shard: Shard, fmt, columns: Columns, keep) -> ShardIndex:
         return _refused(shard, fmt, columns, "compressed twice (its decompressed bytes are compressed again)")
     finally:
         logical.close()
+
+
+def _spool_room(keep):
+    """The RAM room a compressed tar's spool may take: the keeper's (``Keeper.reading``, bound),
+    whose cache then keeps the spool as the shard's buffer; none without a keeper."""
+    keeper = getattr(keep, "__self__", None)
+    return keeper.spool_room() if hasattr(keeper, "spool_room") else None
 
 
 def _refused(shard: Shard, fmt, columns: Columns, why: str) -> ShardIndex:

@@ -93,14 +93,19 @@ class Keeper:
         """Around the build of ``shard``: what it reads is kept (see the module's docstring)."""
         tier = self.disk.for_build(shard) if self.disk is not None else None
         # A compressed tar's decompressed tar (formats/ctar.py) is kept in RAM where it fits, whatever
-        # the prefetch: its readers would otherwise wait for a second decompression.
-        buf = self.cache.hold(shard.size) if self.in_ram or hasattr(shard, "stored") else None
+        # the prefetch: its readers would otherwise wait for a second decompression. Spooled into
+        # memory (``spool_room``), its spool is that buffer already: nothing to copy.
+        take = getattr(shard, "take_buffer", None)
+        buf = take() if take is not None else None
+        filled = buf is not None
+        if buf is None and (self.in_ram or hasattr(shard, "stored")):
+            buf = self.cache.hold(shard.size)
         nchunks = -(-shard.size // CHUNK)
 
         def put(chunk: int, data) -> None:
             if tier is not None:
                 tier.put(chunk, data)
-            if buf is not None:
+            if buf is not None and not filled:
                 buf[chunk * CHUNK : chunk * CHUNK + len(data)] = data
 
         chunks = Chunks(shard.size, put)
@@ -114,7 +119,7 @@ class Keeper:
             end = offset + len(data)
             self.cache.count_build_read(max(0, end - max(offset, seen)))
             seen = max(seen, end)
-            if tier is not None or buf is not None:
+            if tier is not None or (buf is not None and not filled):
                 chunks(offset, data)
 
         shard.on_read = on_read
@@ -127,11 +132,16 @@ class Keeper:
             if tier is not None:
                 tier.close(keep=unchanged)
             if buf is not None:
-                if unchanged and chunks.count == nchunks:
+                if unchanged and (filled or chunks.count == nchunks):
                     with self._lock:
                         self._in_ram[shard.path] = (tierfile.identity(shard), buf)
                 else:
                     self.cache.unhold(buf)
+
+    def spool_room(self) -> CacheRoom:
+        """The RAM cache's room for a compressed tar's spool (formats/ctar.py), which then becomes
+        the shard's buffer in the cache."""
+        return CacheRoom(self.cache)
 
     def adopt(self, shards: list[Shard]) -> int:
         """The RAM buffers of the shards the view holds (as built) made resident; the others'
@@ -149,6 +159,19 @@ class Keeper:
         for _, buf in kept.values():
             self.cache.unhold(buf)
         return adopted
+
+
+class CacheRoom:
+    """Room of the RAM cache's budget taken and given back as a spool grows (ctar.SpoolRoom)."""
+
+    def __init__(self, cache: ram.ShardCache):
+        self.cache = cache
+
+    def take(self, nbytes: int) -> bool:
+        return self.cache.reserve(nbytes)
+
+    def give_back(self, nbytes: int) -> None:
+        self.cache.unreserve(nbytes)
 
 
 def _unchanged(shard: Shard) -> bool:

@@ -353,10 +353,25 @@ class ShardCache:
             self.reserved += need
         return buffers.anonymous(size)
 
+    def reserve(self, nbytes: int) -> bool:
+        """Room for a buffer being filled before its size is known (a compressed tar's spool,
+        formats/ctar.py), taken ``nbytes`` at a time as ``hold`` takes it; False if it does not fit.
+        What it ends as is ``adopt``ed or given back with ``unhold`` (or ``unreserve`` before that)."""
+        with self._lock:
+            if self._closed or self.reserved + nbytes > self.budget and not self._make_room(nbytes):
+                return False
+            self.reserved += nbytes
+            return True
+
+    def unreserve(self, nbytes: int) -> None:
+        with self._lock:
+            self.reserved -= nbytes
+
     def unhold(self, buf: mmap.mmap) -> None:
         with self._lock:
             self.reserved -= len(buf)
-        buf.close()
+        with contextlib.suppress(BufferError):  # a view of it still held: unmapped when that goes
+            buf.close()
 
     def adopt(self, shard: Shard, buf: mmap.mmap) -> None:
         """The shard is resident, its bytes all in ``buf`` (from ``hold``)."""
@@ -364,7 +379,8 @@ class ShardCache:
             old = self.resident.get(shard)
             if old is not None:  # (not at a first mount: nothing is resident before the view)
                 self.reserved -= len(buf)
-                buf.close()
+                with contextlib.suppress(BufferError):
+                    buf.close()
                 return
             res = self.resident[shard] = Resident(shard, filled=buf)
             self.refused.pop(shard, None)
