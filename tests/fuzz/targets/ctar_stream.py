@@ -8,7 +8,9 @@ reference decoder gives (gzip: the standard library's zlib; zstd: zstandard's de
 by frame; xz, bzip2: the standard library, every stream); every file member is served as those
 bytes at its offset, and as Python's tarfile reads that member where tarfile reads it. Damage
 is a ShardFormatError (the index's error), never bytes served. Each read is bounded (the spool
-goes to a scratch file, the stream hands out at most what is asked).
+goes to a scratch file, the stream hands out at most what is asked). The spool a daemon's build
+makes in the RAM cache's room (none, some, more than the stream needs) holds those bytes too,
+and gives back or hands over every byte of room it took.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from fuzzlib import tar_bytes
 
 from shardfs.formats import compressed
 from shardfs.formats.base import Kind
-from shardfs.formats.ctar import StreamShard
+from shardfs.formats.ctar import SpooledShard, StreamShard
 from shardfs.index import shard_index
 from shardfs.storage.base import ShardIOError
+from shardfs.storage.buffers import HUGE
 from shardfs.storage.local import LocalShard
 
 _DIR = tempfile.mkdtemp(prefix="ctar-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -77,6 +80,7 @@ def one_input(data: bytes) -> None:
     except (tarfile.TarError, OSError, ValueError, EOFError):
         members = {}
     st = os.stat(path)
+    _spooled_in_memory(LocalShard(path, st.st_size, st.st_mtime_ns), reference, room=len(data) % 3 * HUGE)
     shard = StreamShard(LocalShard(path, st.st_size, st.st_mtime_ns), ix.logical_size)
     try:
         for i in range(len(ix)):
@@ -92,6 +96,39 @@ def one_input(data: bytes) -> None:
         raise AssertionError("a stream the index was built from fails when served") from None
     finally:
         shard.close()
+
+
+class _Room:
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.held -= n
+
+
+def _spooled_in_memory(stored: LocalShard, reference: bytes, room: int) -> None:
+    """The spool a daemon's build makes, in a RAM room of ``room`` bytes (none, one huge page,
+    two: on disk, in memory, moved from memory to disk as it grows): the reference's bytes, and
+    every byte of room given back or handed over with the buffer."""
+    r = _Room(room)
+    spooled = SpooledShard(stored, scratch=_DIR, room=r)
+    try:
+        assert spooled.size == len(reference) and spooled.pread(0, spooled.size) == reference, "spooled bytes differ"
+        buf = spooled.take_buffer()
+        if buf is not None:
+            assert len(buf) == r.held and buf[: len(reference)] == reference, "the spool's buffer differs"
+            r.give_back(len(buf))
+            buf.close()
+    finally:
+        spooled.close()
+        stored.close()
+    assert r.held == 0, f"{r.held} bytes of room kept"
 
 
 def seeds() -> list[bytes]:
