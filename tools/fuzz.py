@@ -57,13 +57,25 @@ class Outcome:
     peak_rss_mb: int | None = None
     finding: str | None = None
 
+    @property
+    def interrupted(self) -> bool:
+        """Stopped from outside (a campaign paused for a benchmark): its corpus kept, nothing found."""
+        return self.status in INTERRUPTED and self.finding is None
+
     def line(self) -> str:
         figure = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
-        what = "ok" if self.status == 0 else f"FINDING (exit {self.status}) {self.finding or ''}".rstrip()
+        if self.interrupted:
+            what = "stopped (SIGINT): no finding"
+        else:
+            what = "ok" if self.status == 0 else f"FINDING (exit {self.status}) {self.finding or ''}".rstrip()
         return (f"{self.name:<16} {figure(self.executions):>12} {figure(self.per_second):>8} "
                 f"{figure(self.coverage):>6} {figure(self.features):>7} {figure(self.corpus):>6} "
                 f"{figure(self.peak_rss_mb):>6} {self.seconds:7.0f}  {what}")
 
+
+# Exit statuses after SIGINT: libFuzzer's (-interrupted_exitcode, set below), or atheris's when the
+# signal lands in Python code ("KeyboardInterrupt: stopping.", 128 + SIGINT).
+INTERRUPTED = (72, 130)
 
 HEADER = (f"{'target':<16} {'executions':>12} {'exec/s':>8} {'cov':>6} {'ft':>7} {'corpus':>6} "
           f"{'rss MB':>6} {'seconds':>7}  outcome")
@@ -95,6 +107,7 @@ def run_target(name: str, args) -> Outcome:
         dirs = [str(work)] + ([str(CORPUS / name)] if (CORPUS / name).is_dir() else [])
         flags = [f"-seed={args.seed}", f"-max_total_time={args.seconds}", f"-rss_limit_mb={args.rss_mb}", f"-malloc_limit_mb={args.rss_mb}",
                  f"-timeout={args.timeout}", f"-max_len={MAX_LEN}", "-print_final_stats=1",
+                 f"-interrupted_exitcode={INTERRUPTED[0]}",
                  f"-artifact_prefix={findings}/"]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--", *flags,
                *([args.reproduce] if args.reproduce else dirs)]
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         outcomes.append(run_target(name, args))
         print(outcomes[-1].line(), flush=True)
-    failed = [o.name for o in outcomes if o.status]
+    failed = [o.name for o in outcomes if o.status and not o.interrupted]
     if failed:
         print(f"findings in {', '.join(failed)}: inputs in {args.findings}/NAME/, libFuzzer's output in last.log there")
     return 1 if failed else 0
