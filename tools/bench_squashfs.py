@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--side", type=int, default=320)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--readers", type=int, default=2)
-    p.add_argument("--images-many", type=int, default=100, help="images of the directory mounted as one tree (0: none, the epochs alone)")
+    p.add_argument("--images-many", type=int, default=100,
+                   help="images of the directory mounted as one tree (0: none, the epochs alone)")
     p.add_argument("--tiny-per-image", type=int, default=0, metavar="N",
                    help="those images hold N files of 200-1,000 random bytes each (100 folders), not the JPEGs")
     p.add_argument("--retries", type=int, default=1)

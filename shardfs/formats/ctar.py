@@ -102,9 +102,10 @@ class SpoolRoom:
 
 class SpooledShard(_Decompressed):
     """The decompressed tar of ``stored``, written as it is decompressed into memory (while
-    ``room`` grants it) or else into an unlinked scratch file in ``scratch`` (default: TMPDIR). Spooled in memory, it is the buffer the RAM cache keeps (``take_buffer``): the tar is
-    then written once, never copied from a scratch file into the cache. ShardFormatError for
-    damage; OtherFormat if it is not compressed at all."""
+    ``room`` grants it) or else into an unlinked scratch file in ``scratch`` (default: TMPDIR).
+    Spooled in memory, it is the buffer the RAM cache keeps (``take_buffer``): the tar is then
+    written once, never copied from a scratch file into the cache. ShardFormatError for damage;
+    OtherFormat if it is not compressed at all."""
 
     def __init__(self, stored: Shard, scratch: str | None = None, room: SpoolRoom | None = None):
         codec = _codec_at_build(stored)
@@ -218,7 +219,10 @@ class _Spool:
         if length > self.room_taken and not self._grow(length):
             return None
         if length < len(self.mem):
-            self.mem.resize(length)
+            try:
+                self.mem.resize(length)
+            except (BufferError, OSError):  # (a view of it still held): handed over whole
+                length = len(self.mem)
         buf = self.taken = self.mem
         self.mem = None
         self.room.give_back(self.room_taken - length)
