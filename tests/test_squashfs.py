@@ -24,6 +24,7 @@ from shardfs.formats.base import Kind
 from shardfs.formats.squashfs import FORMAT, tables
 from shardfs.formats.squashfs.inodes import IN_FRAGMENT
 from shardfs.formats.base import VIRTUAL
+from shardfs.index import index_file, store
 from shardfs.storage import open_shard
 
 pytestmark = pytest.mark.skipif(shutil.which("mksquashfs") is None or shutil.which("tar2sqfs") is None,
@@ -276,6 +277,44 @@ def test_files_in_one_fragment_are_read_without_walking_the_inode_table(tmp_path
         if new in by_offset:
             data = want[by_offset[new]]
             assert old_layout.read(old, len(data), fetch) == data, by_offset[new]
+
+
+def test_squashfs_indexes_are_a_version_a_shardfs_before_in_fragment_does_not_read(tmp_path, monkeypatch):
+    """A SquashFS image's index is written as version 6 (IN_FRAGMENT offsets, which a shardfs before
+    them answers EIO for): a reader of version 5 alone refuses it as newer and builds its own; a
+    tar's index stays 5, which that reader still takes. One written as 5 by the shardfs that brought
+    IN_FRAGMENT is loaded, not rebuilt, and written again as 6."""
+    src = tmp_path / "img"
+    src.mkdir()
+    for i in range(20):  # (text: its fragment block compresses, so its files are IN_FRAGMENT)
+        (src / f"t{i}.txt").write_bytes(b"tiny file %d\n" % i * (i + 1))
+    (src / "a.txt").write_bytes(b"tiny\n")
+    image = mksquashfs(src, tmp_path / "img.sqfs", "-comp", "zstd")
+    with tarfile.open(tmp_path / "t.tar", "w") as tar:
+        tar.add(src / "a.txt", "a.txt")
+
+    def version(path) -> int:
+        with open(path, "rb") as f:
+            return int.from_bytes(f.read(12)[8:12], "little")
+
+    sq, how = store.load_or_build(str(image))
+    tr, _ = store.load_or_build(str(tmp_path / "t.tar"))
+    assert how == "built" and all(o & IN_FRAGMENT for o in sq.offset[sq.kind == Kind.FILE].tolist())
+    assert (version(sq.stored_at), version(tr.stored_at)) == (6, 5) == (index_file.SQUASHFS_VERSION,
+                                                                         index_file.INDEX_VERSION)
+    with monkeypatch.context() as patch:  # the check of a shardfs that reads version 5 alone
+        patch.setattr(index_file, "CURRENT", (5,))
+        patch.setattr(index_file, "OLDER_FLAT", ())
+        with pytest.raises(index_file.OutdatedIndex):
+            index_file.load(sq.stored_at)
+        assert len(index_file.load(tr.stored_at)) == len(tr)
+    with monkeypatch.context() as patch:  # as written before version 6
+        patch.setattr(index_file, "SQUASHFS_VERSION", 5)
+        index_file.save(sq, sq.stored_at)
+    assert version(sq.stored_at) == 5 and index_file.load(sq.stored_at).legacy
+    again, how = store.load_or_build(str(image))
+    assert how == "loaded" and not again.legacy and version(sq.stored_at) == 6
+    assert again.offset.tolist() == sq.offset.tolist()
 
 
 @needs_fuse

@@ -43,6 +43,12 @@ from shardfs.index.names import path_hashes
 from shardfs.index.shard_index import ShardIndex, SplitOnUse
 
 INDEX_VERSION = 5  # 5: XXH64 path hashes (4: sparse maps; 3: flat file; 2: .npz with cls_member/cls_value)
+# 6: a SquashFS image's index, whose files held in one fragment block have IN_FRAGMENT offsets
+# (formats/squashfs/inodes.py), which a shardfs before them answers EIO for. Written for SquashFS
+# indexes only: such a shardfs refuses them as a newer version and builds its own, and still reads
+# every other index.
+SQUASHFS_VERSION = 6
+CURRENT = (INDEX_VERSION, SQUASHFS_VERSION)
 OLDER_FLAT = (3, 4)  # still read: a version 3 file has no sparse tables; before 5, hashes were BLAKE2b
 NPZ_VERSION = 2  # the last .npz version, still read
 MAGIC = b"\x89SFSIDX\n"  # a high first byte and a newline: text-mode mangling shows
@@ -99,9 +105,13 @@ def save(index: ShardIndex, path: str) -> None:
     body = b"".join(parts)
     crc = zlib.crc32(index.names, zlib.crc32(body))
     with atomic_file(path) as out:
-        out.write(_HEADER.pack(MAGIC, INDEX_VERSION, len(meta), crc, 0, len(index.names)))
+        out.write(_HEADER.pack(MAGIC, version_for(index), len(meta), crc, 0, len(index.names)))
         out.write(body)
         out.write(index.names)
+
+
+def version_for(index: ShardIndex) -> int:
+    return SQUASHFS_VERSION if index.format == "squashfs" else INDEX_VERSION
 
 
 def file_id(st: os.stat_result) -> tuple:
@@ -141,7 +151,7 @@ def _read(f, size: int, columns: MemberColumns | None = None) -> ShardIndex:
     if len(head) < _HEADER.size or head[:8] != MAGIC:
         raise ValueError("not a shardfs index")
     _, version, meta_len, crc, _, names_len = _HEADER.unpack(head)
-    if version != INDEX_VERSION and version not in OLDER_FLAT:
+    if version not in CURRENT and version not in OLDER_FLAT:
         raise OutdatedIndex(f"index version {version}, this shardfs writes {INDEX_VERSION}")
     body_len = size - _HEADER.size - names_len
     if body_len < meta_len:
@@ -156,8 +166,10 @@ def _read(f, size: int, columns: MemberColumns | None = None) -> ShardIndex:
     if zlib.crc32(names, zlib.crc32(body)) != crc:
         raise ValueError("damaged (its checksum does not match)")
     index = _parse(body, meta_len, names, columns)
-    if version != INDEX_VERSION:
+    if version not in CURRENT:
         rehash(index)
+    elif version != version_for(index):  # a SquashFS index written as 5: written again as 6
+        index.legacy = True
     return index
 
 
