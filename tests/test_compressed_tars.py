@@ -214,8 +214,9 @@ def test_streams_read_into_their_own_buffers_give_the_tools_bytes(archives, monk
     assert hashlib.sha256(out).digest() == hashlib.sha256(reference).digest()
 
 
-class _Room:
-    """A RAM room of ``limit`` bytes, counting what is taken and given back."""
+class CountedRoom:
+    """A RAM room of ``limit`` bytes (ctar.SpoolRoom), counting what is taken and given back (the
+    ctar_stream fuzz target's too)."""
 
     def __init__(self, limit: int):
         self.limit, self.held, self.asked = limit, 0, 0
@@ -241,7 +242,7 @@ def test_a_spool_with_room_is_the_buffer_the_cache_keeps(archives, monkeypatch):
     over (its length what it keeps of the room, the rest given back), and the scan read them."""
     _, _, paths = archives
     monkeypatch.setattr(ctar, "_scratch_file", lambda directory: pytest.fail("a scratch file was made"))
-    room = _Room(1 << 30)
+    room = CountedRoom(1 << 30)
     shard = open_shard(paths["gz"])
     spooled = ctar.SpooledShard(shard, room=room)
     try:
@@ -266,7 +267,7 @@ def test_a_spool_past_its_room_moves_to_disk_with_every_byte(archives, monkeypat
     want = _tool_output(paths["gz"])
     assert len(want) > 8 * (64 << 10)
     for limit in (4 * (64 << 10), 0):
-        room = _Room(limit)
+        room = CountedRoom(limit)
         shard = open_shard(paths["gz"])
         spooled = ctar.SpooledShard(shard, scratch=str(tmp_path), room=room)
         try:
@@ -289,8 +290,11 @@ def test_the_cache_keeps_a_spool_as_built_and_counts_its_room(archives, tmp_path
         cache = ShardCache([], budget)
         keeper = Keeper(None, cache, in_ram=False)
         try:
-            (path, ix, how), = dataset.index_shards([paths["gz"]], str(tmp_path / f"idx-{budget}"), workers=1,
-                                                    keep=keeper.reading, save=False)
+            with monkeypatch.context() as patch:
+                if kept:  # (spooled into the room: no scratch file)
+                    patch.setattr(ctar, "_scratch_file", lambda directory: pytest.fail("a scratch file was made"))
+                (path, ix, how), = dataset.index_shards([paths["gz"]], str(tmp_path / f"idx-{budget}"), workers=1,
+                                                        keep=keeper, save=False)
             assert ix is not None and ix.logical_size == len(want), how
             view = dataset._open_shard(path, ix)
             assert keeper.adopt([view]) == int(kept)

@@ -67,7 +67,8 @@ class ZipLayout:
             # a member streamed (over WHOLE_MAX) is read request after request: its entry and local
             # header were checked at its first read, not again at each
             stream = self._stream
-            member = stream.member if stream is not None and stream.member.entry == entry else self._member(entry, fetch)
+            under_way = stream is not None and stream.member.entry == entry
+            member = stream.member if under_way else self._member(entry, fetch)
             try:
                 if member.usize > WHOLE_MAX:
                     return self._streamed(member, within, length, fetch)

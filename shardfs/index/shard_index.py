@@ -140,10 +140,9 @@ def _scanned(shard: Shard, fmt, columns: Columns, keep) -> ShardIndex:
 
 
 def _spool_room(keep):
-    """The RAM room a compressed tar's spool may take: the keeper's (``Keeper.reading``, bound),
-    whose cache then keeps the spool as the shard's buffer; none without a keeper."""
-    keeper = getattr(keep, "__self__", None)
-    return keeper.spool_room() if hasattr(keeper, "spool_room") else None
+    """The RAM room a compressed tar's spool may take: a keeper's (storage/buildfill.py), whose
+    cache then keeps the spool as the shard's buffer; none for a plain ``keep`` or none at all."""
+    return keep.spool_room() if hasattr(keep, "spool_room") else None
 
 
 def _refused(shard: Shard, fmt, columns: Columns, why: str) -> ShardIndex:

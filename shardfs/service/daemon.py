@@ -221,7 +221,7 @@ class Daemon:
             view = datasets.open_dataset(self.sources, opts.index_dir, opts.workers, self.layout, columns=self.columns,
                                          progress=IndexProgress(self._index_progress),
                                          found=found, fetch_index=self.sharing.fetch if self.sharing else None,
-                                         keep=self.keeper.reading if self.keeper else None, save_behind=True)
+                                         keep=self.keeper, save_behind=True)
         view.seconds = time.monotonic() - began  # the owned shards' indexes built first included
         self._join_peers(view)
         for line in view.problems:

@@ -88,6 +88,10 @@ class Keeper:
         self._in_ram: dict[str, tuple[dict, mmap.mmap]] = {}  # path -> (the shard's identity, its bytes)
         self._lock = threading.Lock()
 
+    def __call__(self, shard: Shard):
+        """The ``keep`` of an index build (index/shard_index.py): ``reading``, with ``spool_room``."""
+        return self.reading(shard)
+
     @contextlib.contextmanager
     def reading(self, shard: Shard):
         """Around the build of ``shard``: what it reads is kept (see the module's docstring)."""

@@ -346,19 +346,15 @@ class ShardCache:
     def hold(self, size: int) -> mmap.mmap | None:
         """A buffer for a shard of ``size`` bytes, its room taken from the budget as an admission
         would (None if it does not fit); then ``adopt`` it, or give it back with ``unhold``."""
-        need = buffers.footprint(size)
-        with self._lock:
-            if self._closed or need > self.budget or not self._make_room(need):
-                return None
-            self.reserved += need
-        return buffers.anonymous(size)
+        return buffers.anonymous(size) if self.reserve(buffers.footprint(size)) else None
 
     def reserve(self, nbytes: int) -> bool:
-        """Room for a buffer being filled before its size is known (a compressed tar's spool,
-        formats/ctar.py), taken ``nbytes`` at a time as ``hold`` takes it; False if it does not fit.
-        What it ends as is ``adopt``ed or given back with ``unhold`` (or ``unreserve`` before that)."""
+        """``nbytes`` of the budget taken as an admission would (False if they do not fit): for
+        ``hold``, and for a buffer filled before its size is known (a compressed tar's spool,
+        formats/ctar.py), taken a step at a time. What it ends as is ``adopt``ed or given back
+        with ``unhold`` (or ``unreserve`` before that)."""
         with self._lock:
-            if self._closed or self.reserved + nbytes > self.budget and not self._make_room(nbytes):
+            if self._closed or nbytes > self.budget or not self._make_room(nbytes):
                 return False
             self.reserved += nbytes
             return True

@@ -25,6 +25,7 @@ import tempfile
 
 import zstandard
 from fuzzlib import tar_bytes
+from test_compressed_tars import CountedRoom
 
 from shardfs.formats import compressed
 from shardfs.formats.base import Kind
@@ -98,25 +99,11 @@ def one_input(data: bytes) -> None:
         shard.close()
 
 
-class _Room:
-    def __init__(self, limit: int):
-        self.limit, self.held = limit, 0
-
-    def take(self, n: int) -> bool:
-        if self.held + n > self.limit:
-            return False
-        self.held += n
-        return True
-
-    def give_back(self, n: int) -> None:
-        self.held -= n
-
-
 def _spooled_in_memory(stored: LocalShard, reference: bytes, room: int) -> None:
     """The spool a daemon's build makes, in a RAM room of ``room`` bytes (none, one huge page,
     two: on disk, in memory, moved from memory to disk as it grows): the reference's bytes, and
     every byte of room given back or handed over with the buffer."""
-    r = _Room(room)
+    r = CountedRoom(room)
     spooled = SpooledShard(stored, scratch=_DIR, room=r)
     try:
         assert spooled.size == len(reference) and spooled.pread(0, spooled.size) == reference, "spooled bytes differ"
