@@ -7,6 +7,8 @@
 # Needs Debian's clang-14 and libclang-rt-14-dev (tools/setup.sh installs them). A crash or a
 # failed check stops it with a non-zero status and leaves the input in tools/libfuzzer/findings/
 # (crash-*, timeout-*): to replay one, build as below and run the binary on that file alone.
+# A campaign in pieces: CORPUS_DIR=DIR keeps each target's corpus in DIR/corpus-TARGET (a piece starts
+# from what the last one grew, not from the seeds alone); TARGETS="zipdir" runs only the named ones.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 seconds=${1:-60}  # (0 would mean no limit to libFuzzer)
@@ -17,17 +19,22 @@ shift || true
 PYTHON=${PYTHON:-$venv_python}
 work=$(mktemp -d /tmp/shardfs-libfuzzer.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+targets=${TARGETS:-tarscan zipdir}
+corpus=${CORPUS_DIR:-$work}
+for target in $targets; do
+    case $target in tarscan|zipdir) ;; *) echo "run.sh: no libFuzzer target '$target' (tarscan, zipdir)" >&2; exit 2 ;; esac
+done
 include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("include"))')
 libdir=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 pylib=$("$PYTHON" -c 'import sysconfig; print("python" + sysconfig.get_config_var("LDVERSION"))')
 # (libpython only for the module's own functions, which the target never calls)
-for target in tarscan zipdir; do
+for target in $targets; do
     clang-14 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$include" \
         "$here/$target.c" -o "$work/$target" -L"$libdir" -Wl,-rpath,"$libdir" -l"$pylib"
-    mkdir -p "$work/corpus-$target"
 done
+mkdir -p "$corpus/corpus-tarscan" "$corpus/corpus-zipdir"
 mkdir -p "$here/findings"
-"$PYTHON" - "$work/corpus-tarscan" "$work/corpus-zipdir" <<'PY'
+"$PYTHON" - "$corpus/corpus-tarscan" "$corpus/corpus-zipdir" <<'PY'
 import io, os, struct, sys, tarfile, zipfile
 out, zips = sys.argv[1], sys.argv[2]
 def tar(name, fmt, members):
@@ -64,7 +71,7 @@ central("folders", [("d/", b""), ("d/e/", b""), ("d/e/f.txt", b"f")])
 central("odd", [("./x/../y", b"1"), ("\u00e9t\u00e9/a", b"2"), ("a//b", b"3"), ("../up", b"4")])
 PY
 cd "$here/findings"
-for target in tarscan zipdir; do
+for target in $targets; do
     echo "== $target"
-    "$work/$target" "$work/corpus-$target" -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$@"
+    "$work/$target" "$corpus/corpus-$target" -max_total_time="$seconds" -max_len=65536 -print_final_stats=1 "$@"
 done
