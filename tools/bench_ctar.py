@@ -14,6 +14,9 @@ within one run, not absolute figures across runs.
      fastest library on one core or the shards' sequential read (cold), the slower of the two;
      and what the daemon read from the device (/proc/PID/io read_bytes) over the shards' size;
    * a later epoch on the same mount, against tar shards';
+   * a decode epoch as training runs it (ImageFolder with pil_loader, RandomResizedCrop, a
+     DataLoader of --readers workers) after the later epoch, against the plain directory's
+     (``--skip-decode``: none);
    * the plain directory the shards were packed from: a first epoch (page cache dropped) and a later
      one, read the same way. What the first epoch takes there is what no filesystem over the same
      files can beat; where it is slower than the bound (zstd: the bound is the storage's read), each
@@ -44,6 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench import decode_pass, warm_up_decoder  # noqa: E402
 from benchlib import readers, tables  # noqa: E402
 from benchlib.caches import drop_caches  # noqa: E402
 from benchlib.mounts import Mounts  # noqa: E402
@@ -156,7 +160,7 @@ def files_of(roots: list[str]) -> list[str]:
 
 def shardfs_rounds(shard_dir: str, work: str, args, mounts: Mounts) -> dict:
     """First mount + first epoch (cold, indexes deleted), then a later epoch, per round."""
-    out = {"first": [], "later": [], "read_ratio": [], "counted_ratio": [], "decompressed": []}
+    out = {"first": [], "later": [], "decode": [], "read_ratio": [], "counted_ratio": [], "decompressed": []}
     shard_bytes = sum(os.path.getsize(p) for p in shard_files(shard_dir))
     for r in range(args.repeat):
         for idx in glob.glob(os.path.join(shard_dir, "*.shardfs-idx")):
@@ -171,6 +175,7 @@ def shardfs_rounds(shard_dir: str, work: str, args, mounts: Mounts) -> dict:
         assert first["errors"] == 0, first["first_error"]
         out["read_ratio"].append(daemon_read_bytes(m.pid) / shard_bytes)
         out["later"].append(readers.read_all(files, args.readers, seed=100 + r)["seconds"])
+        decode(mnt, r, args, out)
         stats = m.stats()
         out["counted_ratio"].append(stats["cache"]["storage_bytes_read"] / shard_bytes)
         out["decompressed"].append(stats.get("decompressed", {}).get("streams", 0))
@@ -180,7 +185,7 @@ def shardfs_rounds(shard_dir: str, work: str, args, mounts: Mounts) -> dict:
 
 def plain_rounds(plain: str, args) -> dict:
     """The plain directory's epochs: a first (page cache dropped), then a later one."""
-    out = {"first": [], "later": []}
+    out = {"first": [], "later": [], "decode": []}
     files = files_of([plain])
     for r in range(args.repeat):
         drop_caches()
@@ -189,7 +194,13 @@ def plain_rounds(plain: str, args) -> dict:
         out["first"].append(time.perf_counter() - t)
         assert first["errors"] == 0, first["first_error"]
         out["later"].append(readers.read_all(files, args.readers, seed=100 + r)["seconds"])
+        decode(plain, r, args, out)
     return out
+
+
+def decode(root: str, r: int, args, out: dict) -> None:
+    if not args.skip_decode:
+        out["decode"].append(decode_pass(root, {"round": r, "readers": args.readers})["images_per_s"])
 
 
 def baseline_rounds(name: str, shards: list[str], work: str, args, mounts: Mounts) -> dict:
@@ -233,6 +244,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cache-size", default="2G")
     ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true", help="no ImageFolder + DataLoader decode epochs")
     ap.add_argument("--only", choices=("codecs", "mounts"), help="one part alone")
     args = ap.parse_args()
 
@@ -278,6 +290,8 @@ def codec_part(jpeg_stream: bytes, args) -> None:
 
 
 def mount_part(dirs: dict, plain: str, work: str, args) -> None:
+    if not args.skip_decode:
+        warm_up_decoder(plain, args.readers)
     results = {"plain directory": plain_rounds(plain, args)}
     with Mounts() as mounts:
         for kind in ("tar", "gz", "zst"):
@@ -309,13 +323,16 @@ def mount_part(dirs: dict, plain: str, work: str, args) -> None:
                   f"{tables.ratio(plain_first / first)} of it")
     print()
     tar_later = tables.median(results["tar"]["later"])
-    print("| method | first mount + first epoch, s | later epoch, s | later epoch files/s |\n|---|---:|---:|---:|")
+    plain_decode = tables.median(results["plain directory"]["decode"]) if not args.skip_decode else None
+    print("| method | first mount + first epoch, s | later epoch, s | later epoch files/s | decode epoch images/s |"
+          "\n|---|---:|---:|---:|---:|")
     for name, r in results.items():
         label = {"tar": "shardfs, tar", "plain directory": "plain directory (first: an epoch, no mount)", "gz": "shardfs, .tar.gz", "zst": "shardfs, .tar.zst"}.get(name, name)
         rate = [nfiles / s for s in r["later"]]
         print(f"| {label} | {tables.cell(r['first'], '{:.2f}')} | "
               f"{tables.cell(r['later'], '{:.2f}', tar_later if name != 'tar' else None)} | "
-              f"{tables.cell(rate, '{:.0f}')} |")
+              f"{tables.cell(rate, '{:.0f}')} | "
+              f"{tables.cell(r.get('decode', []), '{:.0f}', plain_decode if name != 'plain directory' else None)} |")
 
 
 if __name__ == "__main__":
