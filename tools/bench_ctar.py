@@ -245,7 +245,8 @@ def main() -> None:
     ap.add_argument("--cache-size", default="2G")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-decode", action="store_true", help="no ImageFolder + DataLoader decode epochs")
-    ap.add_argument("--only", choices=("codecs", "mounts"), help="one part alone")
+    ap.add_argument("--only", choices=("codecs", "mounts", "prepare"),
+                    help="one part alone (prepare: make the files and shards, time nothing)")
     args = ap.parse_args()
 
     work = args.workdir
@@ -263,6 +264,8 @@ def main() -> None:
                 with open(out, "wb") as f:
                     f.write(compress(kind, open(p, "rb").read()))
     tar_paths = shard_files(dirs["tar"])
+    if args.only == "prepare":
+        return
     jpeg_stream = b"".join(open(p, "rb").read() for p in tar_paths)
 
     if args.only != "mounts":
@@ -303,8 +306,12 @@ def mount_part(dirs: dict, plain: str, work: str, args) -> None:
             if shutil.which("archivemount"):
                 results["archivemount .tar.gz"] = baseline_rounds("archivemount", gz_paths, work, args, mounts)
 
-    nfiles = args.classes * args.per_class
-    print(f"## Mounts: {nfiles} JPEGs in {args.shards} shards, {args.readers} readers, {args.repeat} rounds\n")
+    nfiles = len(files_of([plain]))  # what the work directory holds (made by an earlier run's options)
+    shards = len(shard_files(dirs["tar"]))
+    if (nfiles, shards) != (args.classes * args.per_class, args.shards):
+        print(f"(the work directory holds {nfiles} JPEGs in {shards} shards, made by an earlier run: "
+              f"not --classes x --per-class, --shards; another --workdir makes new ones)\n")
+    print(f"## Mounts: {nfiles} JPEGs in {shards} shards, {args.readers} readers, {args.repeat} rounds\n")
     seq = {k: sequential_read_seconds(shard_files(dirs[k])) for k in ("tar", "gz", "zst")}
     for kind in ("gz", "zst"):
         dec = fastest_seconds(shard_files(dirs[kind]), args.repeat)
