@@ -292,6 +292,10 @@ def codec_part(jpeg_stream: bytes, args) -> None:
     print()
 
 
+LABELS = {"plain directory": "plain directory (first: an epoch, no mount)", "tar": "shardfs, tar",
+          "gz": "shardfs, .tar.gz", "zst": "shardfs, .tar.zst"}
+
+
 def mount_part(dirs: dict, plain: str, work: str, args) -> None:
     if not args.skip_decode:
         warm_up_decoder(plain, args.readers)
@@ -334,7 +338,7 @@ def mount_part(dirs: dict, plain: str, work: str, args) -> None:
     print("| method | first mount + first epoch, s | later epoch, s | later epoch files/s | decode epoch images/s |"
           "\n|---|---:|---:|---:|---:|")
     for name, r in results.items():
-        label = {"tar": "shardfs, tar", "plain directory": "plain directory (first: an epoch, no mount)", "gz": "shardfs, .tar.gz", "zst": "shardfs, .tar.zst"}.get(name, name)
+        label = LABELS.get(name, name)
         rate = [nfiles / s for s in r["later"]]
         print(f"| {label} | {tables.cell(r['first'], '{:.2f}')} | "
               f"{tables.cell(r['later'], '{:.2f}', tar_later if name != 'tar' else None)} | "
