@@ -5,18 +5,58 @@ MountConfig whose every field has its declared type and passes the checks; and t
 the same thing once it crosses to the daemon: ``to_args`` (the command line `shardfs mount`
 starts the daemon with) parsed by the daemon's own command line (cli.py) gives the same config
 (storage options excepted: they go through the environment).
+
+Host names in ``peers`` are resolved from /etc/hosts only (numeric addresses as they are): the
+loader asks which peer is this machine, and through the network's resolver each made-up name was
+a DNS query, so the fuzzer spent 96% of its time waiting (154 inputs/s, 21 CPU seconds in 600).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import socket
 
 from fuzzlib import write_scratch
 
 from shardfs import cli
 from shardfs.errors import UsageError
 from shardfs.service import config
+
+_RESOLVE = socket.getaddrinfo
+
+
+def _hosts_file() -> set[str]:
+    names = set()
+    try:
+        with open("/etc/hosts") as f:
+            for line in f:
+                names.update(n.lower() for n in line.split("#", 1)[0].split()[1:])
+    except OSError:
+        pass
+    return names
+
+
+_HOSTS = _hosts_file()
+
+
+def _no_dns(host, port, *args, **kwargs):
+    """getaddrinfo answering numeric addresses and /etc/hosts names, with no query on the network."""
+    if isinstance(host, str) and host.lower() in _HOSTS:
+        return _RESOLVE(host, port, *args, **kwargs)
+    flags = kwargs.pop("flags", 0) | socket.AI_NUMERICHOST
+    return _RESOLVE(host, port, *args, flags=flags, **kwargs)
+
+
+@contextlib.contextmanager
+def _resolver_without_dns():
+    fqdn = socket.getfqdn
+    socket.getaddrinfo, socket.getfqdn = _no_dns, lambda name="": name or socket.gethostname()
+    try:
+        yield
+    finally:
+        socket.getaddrinfo, socket.getfqdn = _RESOLVE, fqdn
 
 # (paths the daemon is given as absolute: it runs in /)
 _ABSOLUTE = ("class_names", "metrics_dir", "disk_cache")
@@ -25,7 +65,8 @@ _ABSOLUTE = ("class_names", "metrics_dir", "disk_cache")
 def one_input(data: bytes) -> None:
     path = write_scratch("fuzz.toml", data)
     try:
-        cfg = config.load_config(path)
+        with _resolver_without_dns():
+            cfg = config.load_config(path)
     except UsageError as exc:
         assert path in str(exc) or "fuzz.toml" in str(exc) or "--" in str(exc), f"a message not naming the file: {exc}"
         return
@@ -40,7 +81,8 @@ def one_input(data: bytes) -> None:
         parsed = cli.build_parser().parse_args(["mount", *args])
     except SystemExit:
         raise AssertionError(f"the daemon's command line refuses what to_args made of a good config: {args}") from None
-    again = cli._mount_config(parsed)
+    with _resolver_without_dns():
+        again = cli._mount_config(parsed)
     for f in dataclasses.fields(cfg):
         if f.name == "storage_options":
             continue
