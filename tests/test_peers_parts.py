@@ -67,6 +67,7 @@ def test_request_proofs():
 @pytest.mark.parametrize("text, message", [
     ("host", "'host'"), ("host:", "'host:'"), ("host:0", "'host:0'"), (":7000", "':7000'"),
     ("::1:7000", "brackets"), ("a:1,b:2,a:1", "'a:1' is listed twice"),
+    ("a:1,@b:2", "does not start with '@'"),  # (first in a config's list, the daemon read it as a file)
 ])
 def test_bad_peer_lists_name_the_value(text, message):
     with pytest.raises(UsageError, match=message):
