@@ -13,7 +13,8 @@ def split(entry: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"peer {entry!r}: expected HOST:PORT with a port from 1 to 65535")
     if host.startswith("@"):  # a list starting so would be read as "@FILE" once joined for the daemon
-        raise UsageError(f"peer {entry!r}: a host does not start with '@' (\"@FILE\" names a peers file, in place of a list)")
+        raise UsageError(f"peer {entry!r}: a host does not start with '@' "
+                         "(\"@FILE\" names a peers file, in place of a list)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
