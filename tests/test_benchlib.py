@@ -28,6 +28,17 @@ def test_reader_pool_reads_every_byte(sample_tree, how):
     assert res["bytes"] == sum(os.path.getsize(p) for p in paths)
 
 
+def test_a_pass_over_a_few_files_takes_positive_time(tmp_path):
+    """The readers may finish before the parent is scheduled again: time comes from their clocks."""
+    paths = []
+    for i in range(2):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+        paths.append(str(tmp_path / f"f{i}"))
+    for _ in range(30):
+        res = read_all(paths, readers=2)
+        assert res["files"] == 2 and res["seconds"] > 0 and res["files_per_s"] > 0
+
+
 def test_a_reader_pool_stops_at_its_budget_and_names_what_it_read(sample_tree):
     paths = imagefolder_files(str(sample_tree / "train"))
     whole = read_all(paths, readers=2, seed=1, budget_s=60)
