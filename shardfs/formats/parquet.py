@@ -1,8 +1,9 @@
 """Parquet files (``.parquet``): Hugging Face's ``image`` struct {bytes, path} and ``label``, or
 any binary and integer column.
 
-pyarrow reads the footer, the labels and the stored paths. Where each image lies is read here from
-the image column's pages, because pyarrow does not say: a page is a Thrift header and a body of
+pyarrow reads the schema, the labels and the stored paths. Where each column chunk lies is decoded
+here from the footer's Thrift (read_footer says why), and where each image lies from the image
+column's pages, because pyarrow does not say: a page is a Thrift header and a body of
 (optionally) definition levels and values, PLAIN (a 4-byte length, then the bytes) or indices into
 a dictionary page of PLAIN values.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +36,8 @@ VIRTUAL = 1 << 62  # set in an offset that points into a decoded page
 _WITHIN_BITS = 26  # a value's offset in its decoded page: pages up to 64 MiB
 _PAGE_BITS = 36  # the page header's offset in the file: compressed pages in the first 64 GiB
 MAX_HEADER = 1 << 20
+MAX_FOOTER = 64 << 20  # pyarrow's own default bound on a footer's Thrift is 100 MB
+MAX_NESTING = 16  # structs and lists within each other, as this decoder counts: a footer's deepest is 8
 _DATA, _DICTIONARY, _DATA_V2 = 0, 2, 3
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
@@ -50,7 +54,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(buf):
-            raise ShardFormatError("page header cut short")
+            raise ShardFormatError("Thrift data cut short")
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -58,7 +62,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             return value, pos
         shift += 7
         if shift > 70:
-            raise ShardFormatError("bad varint in a page header")
+            raise ShardFormatError("bad varint in Thrift data")
 
 
 def _zigzag(n: int) -> int:
@@ -66,6 +70,8 @@ def _zigzag(n: int) -> int:
 
 
 def _value(buf: bytes, pos: int, kind: int, depth: int):
+    if depth > MAX_NESTING:  # lists in lists too: Python's own recursion limit is no answer to damage
+        raise ShardFormatError("Thrift data nested too deep")
     if kind in (1, 2):
         return kind == 1, pos
     if kind == 3:
@@ -84,24 +90,29 @@ def _value(buf: bytes, pos: int, kind: int, depth: int):
         count, elem = head >> 4, head & 0x0F
         if count == 15:
             count, pos = _varint(buf, pos)
+        if count > len(buf) - pos:  # every element takes a byte at least
+            raise ShardFormatError("a Thrift list longer than its data")
         items = []
         for _ in range(count):
-            item, pos = _value(buf, pos, 1 if elem == 1 else elem, depth)  # bools in lists: one byte each
+            if elem in (1, 2):  # a bool in a list is a byte of its own, not a field type
+                item, pos = buf[pos] == 1, pos + 1
+            else:
+                item, pos = _value(buf, pos, elem, depth + 1)
             items.append(item)
         return items, pos
     if kind == 12:
         return _struct(buf, pos, depth + 1)
-    raise ShardFormatError(f"unknown Thrift type {kind} in a page header")
+    raise ShardFormatError(f"unknown Thrift type {kind}")
 
 
 def _struct(buf: bytes, pos: int, depth: int = 0) -> tuple[dict, int]:
     """A Thrift compact struct: field id -> value (nested structs as dicts)."""
-    if depth > 16:
-        raise ShardFormatError("page header nested too deep")
+    if depth > MAX_NESTING:
+        raise ShardFormatError("Thrift data nested too deep")
     fields, last = {}, 0
     while True:
         if pos >= len(buf):
-            raise ShardFormatError("page header cut short")
+            raise ShardFormatError("Thrift data cut short")
         head = buf[pos]
         pos += 1
         if head == 0:
@@ -247,16 +258,67 @@ def _values(header: dict, body: bytes, max_def: int, where: str, dictionary: lis
 # --------------------------------------------------------------------------- the format
 
 
-def _chunks(metadata) -> list[tuple[int, int, str | None, int]]:
-    """(start, end, codec, column) of every column chunk, from the footer."""
+class Chunk(NamedTuple):
+    start: int  # its first page: the dictionary page's, or the first data page's
+    end: int
+    codec: str  # pyarrow's name for it: UNCOMPRESSED, SNAPPY, ...
+    path: str  # the column it holds, dotted as pyarrow's ColumnDescriptor.path
+
+
+_CODEC_NAMES = ("UNCOMPRESSED", "SNAPPY", "GZIP", "LZO", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW")
+
+
+def read_footer(pread: Fetch, size: int) -> dict:
+    """The file's FileMetaData, decoded here. The column chunks come from this, not from pyarrow's
+    metadata objects: pyarrow checks a chunk's size statistics while it makes the object and throws
+    a C++ exception through a binding that cannot pass it on, which aborts the process (found by
+    fuzzing: pyarrow 26, a definition-level histogram of the wrong length)."""
+    tail = pread(size - 8, 8) if size >= 12 else b""
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise ShardFormatError("no Parquet footer at its end")
+    (length,) = struct.unpack_from("<I", tail)
+    if length > size - 12 or length > MAX_FOOTER:
+        raise ShardFormatError(f"its footer length ({length} bytes) does not fit the file")
+    buf = pread(size - 8 - length, length)
+    try:
+        return _struct(buf, 0)[0]
+    except IndexError:
+        raise ShardFormatError("its footer is cut short") from None
+
+
+def row_groups(footer: dict, columns: int | None = None) -> list[tuple[int, list[Chunk]]]:
+    """(rows, the chunk of each column) of every row group; ``columns``: the schema's leaf count,
+    which every row group must have."""
+    groups = footer.get(4)
+    if not isinstance(groups, list):
+        raise ShardFormatError("its footer has no list of row groups")
     out = []
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        for j in range(group.num_columns):
-            c = group.column(j)
-            start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
-            out.append((start, start + c.total_compressed_size, c.compression, j))
+    for g, group in enumerate(groups):
+        chunks = group.get(1) if isinstance(group, dict) else None
+        rows = group.get(3) if isinstance(group, dict) else None
+        if not isinstance(chunks, list) or type(rows) is not int or rows < 0:
+            raise ShardFormatError(f"row group {g}: no column chunks or no row count in the footer")
+        if columns is not None and len(chunks) != columns:
+            raise ShardFormatError(f"row group {g}: {len(chunks)} column chunks for {columns} columns")
+        out.append((rows, [_chunk_of(c, f"row group {g}, column {j}") for j, c in enumerate(chunks)]))
     return out
+
+
+def _chunk_of(chunk, where: str) -> Chunk:
+    meta = chunk.get(3) if isinstance(chunk, dict) else None
+    if not isinstance(meta, dict):
+        raise ShardFormatError(f"{where}: no column metadata (encrypted columns are not read here)")
+    if chunk.get(1) is not None:
+        raise ShardFormatError(f"{where}: its pages are in another file")
+    codec, size, data_at, dictionary_at, path = meta.get(4), meta.get(7), meta.get(9), meta.get(11), meta.get(3)
+    if not all(type(v) is int and v >= 0 for v in (codec, size, data_at)) or not isinstance(path, list) \
+            or not all(isinstance(p, bytes) for p in path):
+        raise ShardFormatError(f"{where}: a bad codec, size, offset or path in the footer")
+    start = data_at
+    if type(dictionary_at) is int and 0 < dictionary_at < data_at:  # as Arrow's reader takes it
+        start = dictionary_at
+    name = _CODEC_NAMES[codec] if codec < len(_CODEC_NAMES) else f"codec {codec}"
+    return Chunk(start, start + size, name, ".".join(p.decode("utf-8", "replace") for p in path))
 
 
 def _codec(name: str) -> str | None:
@@ -281,8 +343,7 @@ def _metadata(src: ByteSource):
 
 class ParquetLayout:
     """Reads offsets as the file's own, or (VIRTUAL) in a page decoded once into a bounded cache.
-    The footer (which column chunk a page is in, and its codec) is read at the first such read:
-    a file of uncompressed pages never pays for pyarrow in the daemon."""
+    The footer (which column chunk a page is in, and its codec) is read at the first such read."""
 
     def __init__(self, src: ByteSource):
         self._src = src
@@ -294,9 +355,10 @@ class ParquetLayout:
     def _chunk_table(self) -> tuple:
         with self._lock:
             if self._chunks is None:
-                chunks = sorted(_chunks(_metadata(self._src).metadata))
-                self._chunks = (np.array([c[0] for c in chunks], np.int64), np.array([c[1] for c in chunks], np.int64),
-                                [c[2] for c in chunks])
+                footer = read_footer(self._src.pread, self._src.size)
+                chunks = sorted(c for _rows, group in row_groups(footer) for c in group)
+                self._chunks = (np.array([c.start for c in chunks], np.int64),
+                                np.array([c.end for c in chunks], np.int64), [c.codec for c in chunks])
             return self._chunks
 
     def read(self, offset: int, length: int, fetch: Fetch) -> bytes:
@@ -370,15 +432,17 @@ class ParquetFormat:
         warnings: list[str] = []
         error, number, left_out = None, 0, 0
         md = pf.metadata
-        for g in range(md.num_row_groups):
-            chunk = md.row_group(g).column(leaf)
+        groups = row_groups(read_footer(src.pread, src.size), md.num_columns)
+        for g, (group_rows, chunks) in enumerate(groups):
             try:
-                values = self._chunk(win, chunk, max_def, src.size, warnings)
+                if chunks[leaf].path != image:
+                    raise ShardFormatError(f"its column chunk {leaf} holds {chunks[leaf].path!r}, not {image!r}")
+                values = self._chunk(win, chunks[leaf], max_def, src.size, warnings)
             except ShardFormatError as exc:
                 error = f"row group {g}: {exc}"
                 break
-            if len(values) != md.row_group(g).num_rows or number + len(values) > len(labels):
-                error = f"row group {g}: {len(values)} values for {md.row_group(g).num_rows} rows"
+            if len(values) != group_rows or number + len(values) > len(labels):
+                error = f"row group {g}: {len(values)} values for {group_rows} rows"
                 break
             for value in values:
                 label_value = labels[number]
@@ -399,13 +463,10 @@ class ParquetFormat:
         mtime = getattr(src, "mtime_ns", 0) / 1e9
         return datafile.result(rows, md.num_rows, mtime, classes, warnings, error)
 
-    def _chunk(self, win: Window, chunk, max_def: int, size: int, warnings: list[str]):
+    def _chunk(self, win: Window, chunk: Chunk, max_def: int, size: int, warnings: list[str]):
         """(offset, size, head) of each row's image in one column chunk, or None (null or a damaged page)."""
-        codec = _codec(chunk.compression)
-        pos = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-        end = pos + chunk.total_compressed_size
-        if pos < 0 or end < pos:
-            raise ShardFormatError(f"its column chunk at {pos} has a bad offset or size")
+        codec = _codec(chunk.codec)
+        pos, end = chunk.start, chunk.end
         if end > size:
             raise ShardFormatError(f"its column chunk ends at {end}, beyond the file ({size} bytes): truncated")
         out: list = []

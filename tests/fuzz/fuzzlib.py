@@ -52,6 +52,14 @@ def write_scratch(name: str, data: bytes) -> str:
     return path
 
 
+def _libraries_imported() -> None:
+    """What the parsers import lazily, imported before an input is measured: pyarrow imports pandas
+    (~30 MB) at the first file whose schema carries pandas metadata, once per process, as in a
+    daemon (an input that was the process's first counted it: a false finding when reproduced)."""
+    with contextlib.suppress(ImportError):
+        import pandas  # noqa: F401
+
+
 def check_data_file(data: bytes, filename: str, reference) -> None:
     """A dataset file (Parquet, Arrow, HDF5) indexed as a mount indexes it (shard_index.build), from
     ``data`` written to ``filename`` (its suffix picks the format, its stem the split). Checks: a
@@ -60,6 +68,7 @@ def check_data_file(data: bytes, filename: str, reference) -> None:
     are exactly its size and, where ``reference(path)`` (the format's own library: {(split, row):
     image bytes}, asked for the rows served only) reads the file, the bytes it gives for that row."""
     path = write_scratch(filename, data)
+    _libraries_imported()
     with bounded(16 * len(data) + (16 << 20), "a dataset file's index build"):
         try:
             index = shard_index.build(path)
