@@ -13,7 +13,8 @@ import time
 import pytest
 
 from shardfs.formats import ShardFormatError
-from shardfs.formats.parquet import _struct, read_footer, read_header, row_groups
+from shardfs.formats.base import Window
+from shardfs.formats.parquet import FORMAT, Chunk, _struct, read_footer, read_header, row_groups
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -97,20 +98,88 @@ def test_bools_in_a_list_are_a_byte_each_and_a_list_is_no_longer_than_its_data()
     assert time.monotonic() - t0 < 5
 
 
+def _scan_in_a_child(path, memory_limit: int = 4 << 30) -> tuple[str, str]:
+    """(members, error) of a scan in a child process under an address-space limit: an abort or a
+    runaway allocation fails the test, not the test run."""
+    child = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]),) * 2)\n"
+             "from shardfs.formats import ShardFormatError, format_for\nfrom shardfs.storage import open_shard\n"
+             "try:\n    result = format_for(sys.argv[1]).scan(open_shard(sys.argv[1]))\n"
+             "    print(len(result.members), result.error)\n"
+             "except ShardFormatError as exc:  # the whole file refused\n    print(0, exc)\n")
+    done = subprocess.run([sys.executable, "-c", child, str(path), str(memory_limit)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    members, error = done.stdout.split(" ", 1)
+    return members, error.strip()
+
+
+def _corpus_file(name: str, tmp_path):
+    path = tmp_path / "train.parquet"
+    with open(os.path.join(CORPUS, name), "rb") as f:
+        path.write_bytes(f.read())
+    return path
+
+
 def test_a_histogram_of_the_wrong_length_is_a_refused_file_not_an_aborted_process(tmp_path):
     """The fuzzer's input (parquet_file, fifth campaign): a definition-level histogram of 2 for a
     column of 1 level. pyarrow throws a C++ exception while it makes that column chunk's metadata
     object, through a binding that cannot pass it on: the process aborted. In a child, so that the
     old abort is this test failing, not the test run ending."""
-    path = tmp_path / "train.parquet"
-    with open(os.path.join(CORPUS, "histogram-size-aborted-pyarrow"), "rb") as f:
-        path.write_bytes(f.read())
-    child = ("import sys\nfrom shardfs.formats import format_for\nfrom shardfs.storage import open_shard\n"
-             "shard = open_shard(sys.argv[1])\nresult = format_for(sys.argv[1]).scan(shard)\n"
-             "print(len(result.members), result.error)\n")
-    done = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    members, error = done.stdout.split(" ", 1)
-    assert members == "0" and error.strip() not in ("", "None")
+    path = _corpus_file("histogram-size-aborted-pyarrow", tmp_path)
+    members, error = _scan_in_a_child(path)
+    assert members == "0" and error not in ("", "None")
     with pytest.raises(OSError, match="histogram"):  # pyarrow refuses it too, where it can say so
         pq.ParquetFile(str(path)).read(columns=["image_data"])
+
+
+def test_a_footer_claiming_more_rows_than_bytes_is_refused_before_pyarrow_reads(tmp_path):
+    """The fuzzer's input: a row group of 1.6 * 10**12 rows in 7 KB. pyarrow allocates for the rows
+    a footer claims (its own read of this file touched 24 GB); the scan refuses it first."""
+    members, error = _scan_in_a_child(_corpus_file("rows-claimed-in-the-trillions", tmp_path))
+    assert members == "0" and "rows in" in error
+
+
+def _thrift(fields: dict) -> bytes:
+    """A Thrift compact struct of i32 and struct fields (enough for a page header)."""
+    out, last = bytearray(), 0
+    for fid in sorted(fields):
+        value = fields[fid]
+        out.append((fid - last) << 4 | (12 if isinstance(value, dict) else 5))
+        last = fid
+        if isinstance(value, dict):
+            out += _thrift(value)
+        else:
+            out += _varint((value << 1) ^ (value >> 63))
+    return bytes(out) + b"\x00"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(n & 0x7F | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data, self.size, self.window = data, len(data), 1 << 16
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return self.data[offset:offset + length]
+
+
+def test_a_page_may_not_hold_more_values_than_its_row_group_has_rows():
+    """Found by reading: 9 bytes of run-length levels said 16 million nulls, and the scan made a
+    list of them (416 MB); billions would take the machine. Now the page is refused."""
+    levels = _varint((1 << 24) << 1) + b"\x00"  # one run of 2**24 zeros: every value null
+    body = len(levels).to_bytes(4, "little") + levels
+    header = _thrift({1: 0, 2: len(body), 3: len(body), 5: {1: 1 << 24, 2: 0, 3: 3, 4: 3}})
+    data = header + body
+    chunk = Chunk(0, len(data), "UNCOMPRESSED", "image")
+    with pytest.raises(ShardFormatError, match="more than the 10 rows left"):
+        FORMAT._chunk(Window(_Bytes(data)), chunk, 1, len(data), 10, [])
+    ten = _thrift({1: 0, 2: len(body), 3: len(body), 5: {1: 10, 2: 0, 3: 3, 4: 3}}) + body
+    assert FORMAT._chunk(Window(_Bytes(ten)), Chunk(0, len(ten), "UNCOMPRESSED", "image"), 1, len(ten), 10,
+                         []) == [None] * 10

@@ -304,6 +304,16 @@ def row_groups(footer: dict, columns: int | None = None) -> list[tuple[int, list
     return out
 
 
+def _plausible(groups: list, size: int) -> list:
+    """Row groups whose rows fit the file: at least a byte a row. pyarrow allocates for the rows the
+    footer claims before it reads a page (a damaged count of 10**12 made it touch 24 GB: found by
+    fuzzing), and an image dataset's rows are kilobytes each."""
+    rows = sum(g[0] for g in groups)
+    if rows > size:
+        raise ShardFormatError(f"its footer claims {rows} rows in {size} bytes")
+    return groups
+
+
 def _chunk_of(chunk, where: str) -> Chunk:
     meta = chunk.get(3) if isinstance(chunk, dict) else None
     if not isinstance(meta, dict):
@@ -418,6 +428,7 @@ class ParquetFormat:
         max_def = pf.schema.column(leaf).max_definition_level
         if pf.schema.column(leaf).max_repetition_level:
             raise ShardFormatError(f"column {image} is repeated: one image per row is read here")
+        groups = _plausible(row_groups(read_footer(src.pread, src.size), pf.metadata.num_columns), src.size)
         try:
             labels = pf.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
             names = pf.read(columns=[stored]).column(0).to_pylist() if stored else None
@@ -432,12 +443,11 @@ class ParquetFormat:
         warnings: list[str] = []
         error, number, left_out = None, 0, 0
         md = pf.metadata
-        groups = row_groups(read_footer(src.pread, src.size), md.num_columns)
         for g, (group_rows, chunks) in enumerate(groups):
             try:
                 if chunks[leaf].path != image:
                     raise ShardFormatError(f"its column chunk {leaf} holds {chunks[leaf].path!r}, not {image!r}")
-                values = self._chunk(win, chunks[leaf], max_def, src.size, warnings)
+                values = self._chunk(win, chunks[leaf], max_def, src.size, group_rows, warnings)
             except ShardFormatError as exc:
                 error = f"row group {g}: {exc}"
                 break
@@ -463,8 +473,10 @@ class ParquetFormat:
         mtime = getattr(src, "mtime_ns", 0) / 1e9
         return datafile.result(rows, md.num_rows, mtime, classes, warnings, error)
 
-    def _chunk(self, win: Window, chunk: Chunk, max_def: int, size: int, warnings: list[str]):
-        """(offset, size, head) of each row's image in one column chunk, or None (null or a damaged page)."""
+    def _chunk(self, win: Window, chunk: Chunk, max_def: int, size: int, rows: int, warnings: list[str]):
+        """(offset, size, head) of each row's image in one column chunk, or None (null or a damaged page).
+        ``rows``: its row group's; no page may hold more values than are left of them (a few bytes of
+        run-length levels can say billions: found by reading)."""
         codec = _codec(chunk.codec)
         pos, end = chunk.start, chunk.end
         if end > size:
@@ -479,7 +491,10 @@ class ParquetFormat:
             where = f"page at {pos}"
             kind = header.get(1)
             info = header.get(5) or header.get(8)
-            count = info.get(1, 0) if isinstance(info, dict) else 0
+            count = info.get(1, 0) if isinstance(info, dict) and kind in (_DATA, _DATA_V2) else 0
+            if type(count) is not int or not 0 <= count <= rows:
+                raise ShardFormatError(f"{where}: {count} values, more than the {rows} rows left in its row group")
+            rows -= count
             try:
                 with datafile.checked(where):
                     compressed = codec is not None and not (kind == _DATA_V2 and not header[8].get(7, True))

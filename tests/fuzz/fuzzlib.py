@@ -93,6 +93,8 @@ def check_data_file(data: bytes, filename: str, reference) -> None:
                 served[split, int(row)] = (index.name(i), got)
     finally:
         shard.close()
+    if not served:  # nothing to compare; and a footer's absurd row count makes pyarrow allocate it
+        return
     try:
         wanted = reference(path, set(served))
     except Exception:  # noqa: BLE001 - the library refuses the damaged file its own way: nothing to compare
