@@ -307,15 +307,25 @@ def test_sequential_reads_decompress_each_block_once(tmp_path):
 
 
 def test_block_cache_is_bounded_lru():
-    cache = BlockCache(max_bytes=300)
+    entry = 100 + BlockCache.ENTRY_COST
+    cache = BlockCache(max_bytes=3 * entry)
     for i in range(5):
         cache.put((0, i), bytes(100))
     assert [cache.get((0, i)) is not None for i in range(5)] == [False, False, True, True, True]
     cache.get((0, 2))  # now most recent
     cache.put((0, 9), bytes(100))
     assert cache.get((0, 3)) is None and cache.get((0, 2)) is not None
-    cache.put((0, 10), bytes(301))  # larger than the whole cache: not kept
+    cache.put((0, 10), bytes(3 * entry))  # larger than the whole cache: not kept
     assert cache.get((0, 10)) is None
+
+
+def test_block_cache_counts_its_entries_not_only_their_bytes():
+    """Found by reading: empty blocks (a damaged shard's, or empty Parquet pages) cost nothing
+    against the bound, so a million of them stayed (~200 MB in a cache of 1 MB)."""
+    cache = BlockCache(max_bytes=1 << 20)
+    for i in range(1_000_000):
+        cache.put((i, 0), b"")
+    assert len(cache._items) <= (1 << 20) // BlockCache.ENTRY_COST
 
 
 def test_concurrent_reads(tmp_path):

@@ -377,7 +377,10 @@ def _load_members(f: ByteSource, idx: _Index) -> list[MemberRecord]:
 
 
 class BlockCache:
-    """Thread-safe LRU of decompressed blocks, bounded in bytes."""
+    """Thread-safe LRU of decompressed blocks, bounded in bytes: each entry's own cost counted
+    too, so that many tiny or empty blocks (a damaged shard's) cannot grow it past its bound."""
+
+    ENTRY_COST = 200  # the key tuple, the bytes object's header and the ordered dict's node
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -399,17 +402,17 @@ class BlockCache:
             return value
 
     def put(self, key: tuple[int, int], value: bytes) -> None:
-        if len(value) > self.max_bytes:
+        if len(value) + self.ENTRY_COST > self.max_bytes:
             return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self._bytes -= len(old)
+                self._bytes -= len(old) + self.ENTRY_COST
             self._items[key] = value
-            self._bytes += len(value)
+            self._bytes += len(value) + self.ENTRY_COST
             while self._bytes > self.max_bytes:
                 _, evicted = self._items.popitem(last=False)
-                self._bytes -= len(evicted)
+                self._bytes -= len(evicted) + self.ENTRY_COST
 
 
 # One cache for all open shards, so memory stays bounded however many are mounted.
