@@ -304,11 +304,11 @@ def row_groups(footer: dict, columns: int | None = None) -> list[tuple[int, list
     return out
 
 
-def _plausible(groups: list, size: int) -> list:
-    """Row groups whose rows fit the file: at least a byte a row. pyarrow allocates for the rows the
-    footer claims before it reads a page (a damaged count of 10**12 made it touch 24 GB: found by
-    fuzzing), and an image dataset's rows are kilobytes each."""
-    rows = sum(g[0] for g in groups)
+def _plausible(groups: list, size: int, file_rows: int) -> list:
+    """Row groups whose rows fit the file: at least a byte a row (the file's own count too). pyarrow
+    allocates for the rows the footer claims before it reads a page (a damaged count of 10**12 made
+    it touch 24 GB: found by fuzzing), and an image dataset's rows are kilobytes each."""
+    rows = max(sum(g[0] for g in groups), file_rows)
     if rows > size:
         raise ShardFormatError(f"its footer claims {rows} rows in {size} bytes")
     return groups
@@ -428,7 +428,8 @@ class ParquetFormat:
         max_def = pf.schema.column(leaf).max_definition_level
         if pf.schema.column(leaf).max_repetition_level:
             raise ShardFormatError(f"column {image} is repeated: one image per row is read here")
-        groups = _plausible(row_groups(read_footer(src.pread, src.size), pf.metadata.num_columns), src.size)
+        groups = _plausible(row_groups(read_footer(src.pread, src.size), pf.metadata.num_columns), src.size,
+                            pf.metadata.num_rows)
         try:
             labels = pf.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
             names = pf.read(columns=[stored]).column(0).to_pylist() if stored else None
