@@ -139,6 +139,21 @@ def _save_npz(ix: index.ShardIndex, path: str) -> None:
         np.savez(out, **arrays)
 
 
+def test_a_version_2_index_whose_member_is_not_an_array_is_damaged_not_a_crash(tmp_path):
+    """numpy gives an .npz member without the .npy magic as raw bytes (found by fuzzing: the loader
+    raised AttributeError on them, which no caller takes for damage)."""
+    import zipfile
+
+    built, _ = store.load_or_build(_odd_shard(tmp_path))
+    _save_npz(built, built.stored_at)
+    damaged = str(tmp_path / "damaged.idx")
+    with zipfile.ZipFile(built.stored_at) as src, zipfile.ZipFile(damaged, "w") as out:
+        for info in src.infolist():
+            out.writestr(info.filename, b"not an array" if info.filename == "offset.npy" else src.read(info))
+    with pytest.raises(ValueError, match="not an array"):
+        index_file.load(damaged)
+
+
 def test_an_index_of_version_2_is_used_and_rewritten_in_the_flat_format(tmp_path, monkeypatch):
     shard = _odd_shard(tmp_path)
     built, _ = store.load_or_build(shard)

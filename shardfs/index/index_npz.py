@@ -20,7 +20,7 @@ def load(data: bytes | bytearray, version: int) -> ShardIndex:
         # shardfs never wrote encrypted members; zipfile would raise RuntimeError (found by fuzzing)
         if any(info.flag_bits & 0x1 for info in npz.zip.infolist()):
             raise ValueError("an encrypted member: not an index shardfs wrote")
-        meta = json.loads(npz["meta"].tobytes())
+        meta = json.loads(_array(npz, "meta").tobytes())
         if meta.get("version") != version:
             raise OutdatedIndex(f"index version {meta.get('version')}, this shardfs writes a newer one")
         index = ShardIndex(
@@ -29,14 +29,23 @@ def load(data: bytes | bytearray, version: int) -> ShardIndex:
             shard_mtime_ns=meta["shard_mtime_ns"],
             shard_tag=meta.get("shard_tag", ""),
             shard_fingerprint=meta.get("shard_fingerprint", ""),
-            names=npz["names"].tobytes(),
+            names=_array(npz, "names").tobytes(),
             dirs=[text_bytes(d) for d in meta["dirs"]],
             symlinks={int(i): text_bytes(t) for i, t in meta["symlinks"].items()},
             warnings=meta["warnings"],
             error=meta["error"],
             # (as the flat file's: the checks and the tree take these types)
-            **{name: npz[name].astype(DTYPES[name], copy=False) for name in ARRAYS},
+            **{name: _array(npz, name).astype(DTYPES[name], copy=False) for name in ARRAYS},
         )
     index.legacy = True
     check(index)
     return index
+
+
+def _array(npz, name: str) -> np.ndarray:
+    """A member as an array: numpy gives a member without the .npy magic as its raw bytes (found by
+    fuzzing: AttributeError on bytes)."""
+    value = npz[name]
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"member {name!r} is not an array")
+    return value
