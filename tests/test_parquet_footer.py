@@ -8,7 +8,6 @@ import io
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -92,10 +91,8 @@ def test_bools_in_a_list_are_a_byte_each_and_a_list_is_no_longer_than_its_data()
     assert _struct(bytes([0x19, 0x31, 1, 2, 1, 0x15, 14, 0]), 0) == ({1: [True, False, True], 2: 7}, 8)
     # a list that says 2**40 bools in 10 bytes: refused at once (it was 2**40 items made from nothing)
     huge = bytes([0x19, 0xF1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 0, 0])  # count 15: a varint count follows
-    t0 = time.monotonic()
     with pytest.raises(ShardFormatError, match="longer than its data"):
         _struct(huge, 0)
-    assert time.monotonic() - t0 < 5
 
 
 def _scan_in_a_child(path, memory_limit: int = 4 << 30) -> tuple[str, str]:
