@@ -11,6 +11,7 @@ import shutil
 import sys
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -175,6 +176,17 @@ class Mount:
     def log(self) -> str:
         with open(self.log_file) as f:
             return f.read()
+
+
+@pytest.fixture(autouse=True)
+def memory_tracing_as_found():
+    """A fuzz target run in the test process turns tracemalloc on and leaves it on (as a fuzzing
+    process wants); in the suite that would slow every later test and carry its peak into the
+    next test that measures one."""
+    was = tracemalloc.is_tracing()
+    yield
+    if tracemalloc.is_tracing() and not was:
+        tracemalloc.stop()
 
 
 @pytest.fixture
