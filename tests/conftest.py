@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import logging
 import os
 import select
 import shutil
@@ -187,6 +188,21 @@ def memory_tracing_as_found():
     yield
     if tracemalloc.is_tracing() and not was:
         tracemalloc.stop()
+
+
+@pytest.fixture(autouse=True)
+def logging_as_found():
+    """A command run in the test process (cli.main) puts its own handler on the root logger, on
+    the stderr pytest captured for that test; left there, every later log line went to a closed
+    stream ("--- Logging error ---" in later tests' output)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        if not type(handler).__module__.startswith("_pytest"):  # (pytest's own come and go by phase)
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture
