@@ -8,6 +8,7 @@ A module may import its own subpackage and any layer to its left; fuse (serving)
 """
 
 import ast
+import builtins
 import pathlib
 
 import pytest
@@ -83,3 +84,31 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert allowed("shardfs.pack.verify", "shardfs.view.sources")
     assert allowed("shardfs.view.dataset", "shardfs.storage.local")
     assert allowed("shardfs.cli", "shardfs.pack.packer")
+
+
+BUILTIN_ERRORS = {name for name in dir(builtins)
+                  if isinstance(getattr(builtins, name), type) and issubclass(getattr(builtins, name), BaseException)}
+
+
+def errors_off_the_base(source: str) -> list[str]:
+    """Classes that derive from a built-in exception without ShardfsError beside it (a class
+    deriving from one of shardfs's own errors has the base through it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name != "ShardfsError":
+            bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in node.bases}
+            if bases & BUILTIN_ERRORS and "ShardfsError" not in bases:
+                found.append(f"line {node.lineno}: {node.name}")
+    return found
+
+
+def test_every_error_class_has_the_one_base():
+    """``except shardfs.ShardfsError`` catches whatever shardfs raises on purpose (errors.py)."""
+    wrong = {str(p.relative_to(PACKAGE.parent)): found for p in modules() if (found := errors_off_the_base(p.read_text()))}
+    assert not wrong, f"error classes without ShardfsError among their bases: {wrong}"
+
+
+def test_the_base_check_catches_a_plain_exception():
+    assert errors_off_the_base("class Gone(ConnectionError):\n    pass\n") == ["line 1: Gone"]
+    assert not errors_off_the_base("class Gone(ShardfsError, ConnectionError):\n    pass\n")
+    assert not errors_off_the_base("class Worse(ShardIOError):\n    pass\n")

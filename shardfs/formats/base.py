@@ -67,7 +67,7 @@ class ShardFormatError(ShardfsError):
     """The shard is damaged or not of the format it claims; the message says where."""
 
 
-class OtherFormat(Exception):
+class OtherFormat(ShardfsError):
     """A scan found at the shard's start the magic of another format (formats.REGISTRY): a ``.tar``
     that is gzip inside. The index build then reads it as that one (shard_index.build)."""
 
