@@ -63,13 +63,18 @@ def test_reads_of_cached_bytes_are_answered_in_c_with_the_right_bytes(tar_shards
     files = _walk(m.path)
     want = {p: _sha(os.path.join(sample_tree, os.path.relpath(p, m.path))) for p in files}
     assert {p: _sha(p) for p in files} == want  # the first pass loads the shards (Python)
-    served_before = m.stats()["cache"]["hits"]
+    before = m.stats()
     for p in files:
         drop_page_cache(p)
     assert {p: _sha(p) for p in files} == want  # now from the published buffers
     stats = m.stats()
-    assert stats["reads_in_c_from_ram"] >= len(files)
-    assert stats["cache"]["hits"] >= served_before + len(files)
+    grew = {k: stats[k] - before[k] for k in ("reads_in_c_from_ram", "pushed_with_open")}
+    reads = stats["fuse_ops"]["read"] - before["fuse_ops"]["read"]
+    assert reads == grew["reads_in_c_from_ram"], (reads, stats)  # none of this pass's reads in Python
+    # (a member whose inode the kernel dropped and looked up again, as under memory pressure, has
+    # its bytes pushed with open()'s ioctl instead: answered in C too, without a READ)
+    assert grew["reads_in_c_from_ram"] + grew["pushed_with_open"] >= len(files), (grew, stats)
+    assert stats["cache"]["hits"] >= before["cache"]["hits"] + len(files)
     assert stats["bytes_served"] >= 2 * sum(os.path.getsize(p) for p in files)
 
 
