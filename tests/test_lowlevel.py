@@ -271,11 +271,15 @@ def test_refused_shards_are_read_from_the_disk_tier_in_c(tar_shards, sample_tree
     assert {p: _sha(p) for p in files} == want  # fills the tier, in the background too
     total = sum(f.stat().st_size for f in tar_shards.glob("*.tar"))
     wait_for(lambda: m.stats()["disk"]["bytes_written"] >= total, lambda: m.stats()["disk"])
+    before = m.stats()
     for p in files:
         drop_page_cache(p)
     assert {p: _sha(p) for p in files} == want
     stats = m.stats()
-    assert stats["reads_in_c_from_disk"] >= len(files)
+    grew = {k: stats[k] - before[k] for k in ("reads_in_c_from_disk", "pushed_with_open")}
+    reads = stats["fuse_ops"]["read"] - before["fuse_ops"]["read"]
+    assert reads == grew["reads_in_c_from_disk"], (reads, stats)  # none of this pass's reads in Python
+    assert grew["reads_in_c_from_disk"] + grew["pushed_with_open"] >= len(files), (grew, stats)  # (pushed: as above)
     assert stats["disk"]["hits"] >= len(files)
 
 
