@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -177,6 +178,14 @@ class Mount:
     def log(self) -> str:
         with open(self.log_file) as f:
             return f.read()
+
+    def rescan(self) -> None:
+        """SIGHUP, and wait until the daemon serves the new view (or logs that it kept the old):
+        the stats count a changed shard as broken as the rescan finds it, before that."""
+        ended = ("rescan: ", "rescan failed")
+        before = sum(self.log().count(e) for e in ended)
+        os.kill(self.pid, signal.SIGHUP)
+        wait_for(lambda: sum(self.log().count(e) for e in ended) > before, "the rescan to end")
 
 
 @pytest.fixture(autouse=True)

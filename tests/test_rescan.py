@@ -2,9 +2,8 @@
 
 import errno
 import os
-import signal
 
-from conftest import needs_fuse, wait_for
+from conftest import needs_fuse
 from tarcraft import archive, member
 
 pytestmark = needs_fuse
@@ -22,8 +21,8 @@ def test_sighup_adds_new_shards_and_removed_ones_answer_eio(tmp_path, mount):
 
     (src / "c.tar").write_bytes(archive(member(b"cls/c.txt", b"from c\n"), member(b"new/d.txt", b"d\n")))
     os.unlink(src / "b.tar")
-    os.kill(m.pid, signal.SIGHUP)
-    wait_for(lambda: (m.stats()["shards"], m.stats()["shards_broken"]) == (3, 1), m.stats)
+    m.rescan()
+    assert (m.stats()["shards"], m.stats()["shards_broken"]) == (3, 1)
 
     assert os.path.ismount(root)
     assert sorted(os.listdir(os.path.join(root, "cls"))) == ["a.txt", "b.txt", "c.txt"]
@@ -46,11 +45,29 @@ def test_sighup_with_a_shard_rewritten_in_place_answers_eio(tmp_path, mount):
     (src / "a.tar").write_bytes(archive(member(b"a.txt", b"A" * 100)))
     m = mount(src)
     (src / "a.tar").write_bytes(archive(member(b"a.txt", b"B" * 300)))
-    os.kill(m.pid, signal.SIGHUP)
-    wait_for(lambda: m.stats()["shards_broken"] == 1, m.stats)
+    m.rescan()
+    assert m.stats()["shards_broken"] == 1
     try:
         data = open(os.path.join(m.path, "a.txt"), "rb").read()
         raise AssertionError(f"read {data[:5]!r} from a rewritten shard")
     except OSError as exc:
         assert exc.errno == errno.EIO
     assert "remount to serve its new contents" in m.log()
+
+
+def test_a_rescan_tells_of_each_broken_shard_as_it_marks_it(tmp_path):
+    """The daemon passes its slots' ``forget``: the compiled loop stops serving a changed shard's
+    cached bytes when the rescan marks it, not once the whole new view is built and served."""
+    from shardfs.view import dataset
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(archive(member(b"a.txt", b"A" * 100)))
+    (src / "b.tar").write_bytes(archive(member(b"b.txt", b"B")))
+    view = dataset.open_dataset([str(src)], index_dir=str(tmp_path / "idx"))
+    (src / "a.tar").write_bytes(archive(member(b"a.txt", b"C" * 300)))
+    told = []
+    new = dataset.rescan(view, [str(src)], index_dir=str(tmp_path / "idx"),
+                         on_broken=lambda shard: told.append((shard.path, shard.broken)))
+    assert told == [(str(src / "a.tar"), "changed on disk; remount to serve its new contents")]
+    assert [s.path for s in new.shards if s.broken] == [str(src / "a.tar")]

@@ -9,7 +9,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from conftest import needs_fuse, shardfs_cmd, wait_for
+from conftest import needs_fuse, shardfs_cmd
 from benchlib import sample
 from remote_servers import aws_env, bucket, moto_endpoint  # noqa: F401 (fixtures)
 from shardfs.index import index_file, shard_index
@@ -373,8 +373,6 @@ def test_layout_options_from_toml_fstab_and_command_line(tmp_path):
 
 @needs_fuse
 def test_sighup_rescan_keeps_the_imagefolder_layout(tmp_path, mount):
-    import signal
-
     out = tmp_path / "wds"
     out.mkdir()
     with wds.TarWriter(str(out / "s-0.tar")) as sink:
@@ -384,8 +382,8 @@ def test_sighup_rescan_keeps_the_imagefolder_layout(tmp_path, mount):
     with wds.TarWriter(str(out / "s-1.tar")) as sink:
         sink.write({"__key__": "b", "jpg": b"B", "cls": 1})
         sink.write({"__key__": "nolabel", "jpg": b"N"})
-    os.kill(m.pid, signal.SIGHUP)
-    wait_for(lambda: m.stats()["shards"] == 2, m.stats)
+    m.rescan()
+    assert m.stats()["shards"] == 2
     assert sorted(os.listdir(m.path)) == ["0", "1"]
     assert open(os.path.join(m.path, "1", "b.jpg"), "rb").read() == b"B"
     assert "1 sample without a .cls label, left out (e.g. s-1.tar:nolabel)" in m.log()
