@@ -408,6 +408,37 @@ def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path,
         assert exc.value.errno == errno.EIO, name
 
 
+def test_a_read_that_finds_its_shard_changed_stops_the_tier_bytes_in_c_at_once(tmp_path, mount):
+    """No rescan: one member's tier chunk is damaged, so its read goes to storage, which finds
+    the shard rewritten. From then on the other members, whole in the tier and served in C until
+    then, answer EIO too: never the old bytes beside the EIO of the member next to them."""
+    src, first, tier, m = two_shards_in_the_tier(tmp_path, mount)
+    with tarfile.open(src / "part-00.tar") as tf:
+        at = {info.name: info.offset_data for info in tf.getmembers()}
+    damaged = min(at, key=at.get)  # in chunk 0; the others here start in later chunks
+    others = [name for name in at if at[name] >= CHUNK]
+    assert others, at
+    read_all(m.path, {name: first[name] for name in others})
+    served_in_c = m.stats()["reads_in_c_from_disk"]
+    assert served_in_c > 0
+    write_shards(src, seed=2, shards=1, members=6)  # part-00.tar: same names, other bytes
+    flip_byte(next(c["path"] for c in cached(tier) if c["source"].endswith("part-00.tar")), at[damaged] + 10)
+
+    def read(name):
+        with open(os.path.join(m.path, name), "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            return f.read()
+
+    for name in [damaged] + others:
+        with pytest.raises(OSError) as exc:
+            read(name)
+        assert exc.value.errno == errno.EIO, name
+    assert m.stats()["reads_in_c_from_disk"] == served_in_c
+    assert "changed since its index was built" in m.log()
+    for name in (n for n in first if "f1_" in n):  # part-01.tar: unchanged, still served
+        assert hashlib.sha256(read(name)).hexdigest() == first[name]
+
+
 def test_an_unmount_during_a_fill_of_hung_storage_exits_at_once_and_the_fill_resumes(tmp_path, mount,
                                                                                    monkeypatch):
     """A background fill still reading storage (which hangs) at unmount must not keep the daemon

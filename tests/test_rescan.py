@@ -3,6 +3,8 @@
 import errno
 import os
 
+import pytest
+
 from conftest import needs_fuse
 from tarcraft import archive, member
 
@@ -56,8 +58,9 @@ def test_sighup_with_a_shard_rewritten_in_place_answers_eio(tmp_path, mount):
 
 
 def test_a_rescan_tells_of_each_broken_shard_as_it_marks_it(tmp_path):
-    """The daemon passes its slots' ``forget``: the compiled loop stops serving a changed shard's
-    cached bytes when the rescan marks it, not once the whole new view is built and served."""
+    """Each shard's ``on_broken`` (the daemon's slots install it: fuse/table.py) is told when the
+    rescan marks it: the compiled loop stops serving a changed shard's cached bytes then, not once
+    the whole new view is built and served."""
     from shardfs.view import dataset
 
     src = tmp_path / "src"
@@ -67,7 +70,43 @@ def test_a_rescan_tells_of_each_broken_shard_as_it_marks_it(tmp_path):
     view = dataset.open_dataset([str(src)], index_dir=str(tmp_path / "idx"))
     (src / "a.tar").write_bytes(archive(member(b"a.txt", b"C" * 300)))
     told = []
-    new = dataset.rescan(view, [str(src)], index_dir=str(tmp_path / "idx"),
-                         on_broken=lambda shard: told.append((shard.path, shard.broken)))
+    for shard in view.shards:
+        shard.on_broken = lambda shard=shard: told.append((shard.path, shard.broken))
+    new = dataset.rescan(view, [str(src)], index_dir=str(tmp_path / "idx"))
     assert told == [(str(src / "a.tar"), "changed on disk; remount to serve its new contents")]
     assert [s.path for s in new.shards if s.broken] == [str(src / "a.tar")]
+
+
+def test_a_read_that_finds_its_shard_changed_tells_it_once_through_every_wrapper(tmp_path):
+    """Not only a rescan: a storage read that finds the file changed marks the shard, and the
+    shard the caches and the compiled loop know (the file itself, its decompressed tar, a peer
+    shard around either) is told once; the slots then stop serving it in C (``direct`` off)."""
+    import gzip
+
+    from shardfs.formats.ctar import StreamShard
+    from shardfs.fuse.table import Slots
+    from shardfs.storage.base import ShardIOError
+    from shardfs.storage.local import LocalShard
+    from shardfs.storage.peers.shard import PeerShard
+
+    tar = archive(member(b"a.txt", b"A" * 5000))
+    for compressed in (False, True):
+        path = tmp_path / ("a.tar.gz" if compressed else "a.tar")
+        path.write_bytes(gzip.compress(tar) if compressed else tar)
+        st = path.stat()
+        stored = LocalShard(str(path), st.st_size, st.st_mtime_ns)
+        served = PeerShard(StreamShard(stored, len(tar)) if compressed else stored, net=None)
+        slots = Slots()
+        slot = slots.slot(served)  # as the RAM cache's or the tier's first publication makes it
+        slot.direct = True
+        told = []
+        slots_hook = served.on_broken
+        served.on_broken = lambda: (told.append(served.broken), slots_hook())
+        storage = served.inner  # what the peer shard reads where no peer gives the bytes
+        path.write_bytes(path.read_bytes() + b"\0" * 512)  # rewritten: another size
+        for _ in range(2):
+            with pytest.raises(ShardIOError):
+                storage.pread(512, 512)
+        assert told == ["changed since its index was built (size or mtime differ)"], compressed
+        assert served.broken == stored.broken == told[0]
+        assert slot.direct is False  # slots.forget ran: the compiled loop answers it no more

@@ -81,6 +81,18 @@ class _Decompressed(Shard):
         self.stored, self.remote, self.window = stored, stored.remote, max(stored.window, 1 << 20)
         # the caches' identity of its bytes (tierfile.identity, peers): never the stored file's
         self.tag = f"decompressed:{stored.size}:{getattr(stored, 'tag', None) or ''}"
+        stored.on_broken = self._tell_broken
+
+    # One state for both, as a peer shard shares its inner one's: a changed file as stored is a
+    # changed tar, and a rescan that marks the tar marks the file.
+    @property
+    def broken(self) -> str | None:
+        return self.stored.broken
+
+    @broken.setter
+    def broken(self, why: str | None) -> None:
+        if why is not None:
+            self.stored.broken = why
 
     def changed(self) -> bool:
         return self.stored.changed()

@@ -453,7 +453,7 @@ class Daemon:
             old = self.fs.view
             try:
                 new = datasets.rescan(old, self.sources, self.opts.index_dir, self.opts.workers, self.layout,
-                                      columns=self.columns, on_broken=self.slots.forget)
+                                      columns=self.columns)
                 self._join_peers(new)
             except Exception as exc:  # keep serving the old view whatever went wrong
                 log.error("rescan failed, still serving the previous view: %s", exc)

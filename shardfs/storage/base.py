@@ -53,6 +53,9 @@ class Shard:
         # Told of every pread's bytes (offset, data): an index build keeping what it reads in the
         # caches as it goes (storage/buildfill.py), so that the first epoch does not read it again.
         self.on_read = None
+        # Told (no arguments) once, when the shard is marked broken: the compiled loop stops
+        # serving the bytes it holds of it at once (fuse/table.py Slots), not at the next rescan.
+        self.on_broken = None
         self._lock = threading.RLock()  # mark_broken may run with it held (RLock)
 
     # ---- reading ---------------------------------------------------------------------
@@ -102,10 +105,17 @@ class Shard:
     def mark_broken(self, why: str) -> ShardIOError:
         """The shard is unusable for good (changed, truncated, gone): all its files answer EIO."""
         with self._lock:
-            if self.broken is None:
+            first = self.broken is None
+            if first:
                 self.broken = why
                 log.error("%s: %s; its files now answer EIO", self.path, why)
+        if first:
+            self._tell_broken()
         return ShardIOError(f"{self.path}: {why}", unavailable=True, permanent=True)
+
+    def _tell_broken(self) -> None:
+        if self.on_broken is not None:
+            self.on_broken()
 
     def read_failed(self, offset: int, why: str, unavailable: bool = False) -> ShardIOError:
         """A read failed (EIO from storage, a store not answering): this read answers EIO; the

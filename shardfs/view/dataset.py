@@ -251,7 +251,7 @@ def open_dataset(sources: list[str], index_dir: str | None = None, workers: int 
 
 def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
            workers: int | None = None, layout: layouts.ImageFolderLayout | None = None,
-           columns: Columns = Columns(), fetch_index=None, on_broken=None) -> Dataset:
+           columns: Columns = Columns(), fetch_index=None) -> Dataset:
     """The dataset as the sources are now, keeping what readers may still hold.
 
     Added shards join the tree. A shard that disappeared or changed on disk keeps its
@@ -262,8 +262,8 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
     Only a definite answer (listed without it, 404, another size, mtime or tag) counts as a
     change: when storage fails to answer (a listing, a stat or HEAD that times out or fails
     otherwise), the rescan raises RescanPostponed and the previous view stays as it is.
-    ``on_broken(shard)``: told of each shard marked broken, as it is marked (the compiled loop
-    stops serving its cached bytes then, not when the new view is served).
+    Each shard is marked broken as it is found (``Shard.on_broken``: the compiled loop stops
+    serving its cached bytes then, not when the new view is served).
     """
     try:
         # On the storage pool: a listing of a hung mount leaves one pool thread stuck, not the rescan.
@@ -271,8 +271,7 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
                                         timeout=SOURCES_TIMEOUT)
     except (UsageError, OSError) as exc:
         raise RescanPostponed(f"cannot list the sources: {exc}") from None
-    return _assemble(paths, index_dir, workers, previous, layout, columns=columns, fetch_index=fetch_index,
-                     on_broken=on_broken)
+    return _assemble(paths, index_dir, workers, previous, layout, columns=columns, fetch_index=fetch_index)
 
 
 def _open_shard(path: str, ix: shard_index.ShardIndex) -> Shard:
@@ -309,13 +308,12 @@ def _stale_index(shard: Shard) -> shard_index.ShardIndex | None:
 
 def _assemble(paths: list[str], index_dir: str | None, workers: int | None, previous: Dataset | None,
               layout: layouts.ImageFolderLayout | None = None, progress=None,
-              columns: Columns = Columns(), fetch_index=None, keep=None, save_behind: bool = False,
-              on_broken=None) -> Dataset:
+              columns: Columns = Columns(), fetch_index=None, keep=None, save_behind: bool = False) -> Dataset:
     started = time.monotonic()
     workers = workers or min(8, os.cpu_count() or 1)
     problems: list[str] = []
     old = {shard.path: shard for shard in previous.shards} if previous else {}
-    entries = _broken_since_mount(old, paths, problems, on_broken)
+    entries = _broken_since_mount(old, paths, problems)
 
     fresh = [p for p in paths if p not in entries]
     stored = index_store.stored_bytes([p for p in fresh if not is_url(p)], index_dir)
@@ -350,7 +348,7 @@ def _assemble(paths: list[str], index_dir: str | None, workers: int | None, prev
     return view
 
 
-def _broken_since_mount(old: dict[str, Shard], paths: list[str], problems: list[str], on_broken=None) -> dict:
+def _broken_since_mount(old: dict[str, Shard], paths: list[str], problems: list[str]) -> dict:
     """A rescan: the shards that vanished or changed since the mount, marked broken (EIO from now
     on) and kept in the view with the index they had: path -> (index, shard)."""
     entries: dict[str, tuple[shard_index.ShardIndex, Shard]] = {}
@@ -361,8 +359,6 @@ def _broken_since_mount(old: dict[str, Shard], paths: list[str], problems: list[
     for path, shard in changed:
         why = "disappeared" if path not in paths else "changed on disk; remount to serve its new contents"
         shard.mark_broken(why)
-        if on_broken is not None:
-            on_broken(shard)
         problems.append(f"{path}: {why}; its files answer EIO")
         ix = _stale_index(shard)
         if ix is not None:
