@@ -36,7 +36,7 @@ from shardfs.formats import compressed, format_for
 from shardfs.formats.base import OtherFormat, ShardFormatError
 from shardfs.formats.tar import TarFormat
 from shardfs.storage import buffers
-from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.base import Shard, ShardIOError, broken_of
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,7 @@ class _Decompressed(Shard):
         self.tag = f"decompressed:{stored.size}:{getattr(stored, 'tag', None) or ''}"
         stored.on_broken = self._tell_broken
 
-    # One state for both, as a peer shard shares its inner one's: a changed file as stored is a
-    # changed tar, and a rescan that marks the tar marks the file.
-    @property
-    def broken(self) -> str | None:
-        return self.stored.broken
-
-    @broken.setter
-    def broken(self, why: str | None) -> None:
-        if why is not None:
-            self.stored.broken = why
+    broken = broken_of("stored")  # a changed file as stored is a changed tar, and the other way round
 
     def changed(self) -> bool:
         return self.stored.changed()

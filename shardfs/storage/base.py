@@ -37,6 +37,21 @@ class ShardIOError(ShardfsError, OSError):
         return self.strerror
 
 
+def broken_of(wrapped: str) -> property:
+    """A wrapping shard's ``broken``: one state with the shard it wraps (attribute ``wrapped``).
+    Either may mark it (a wrapper passes the wrapped one's ``on_broken`` on: its own
+    ``_tell_broken``). Never mended: Shard.__init__'s None leaves a broken wrapped shard broken."""
+
+    def get(self) -> str | None:
+        return getattr(self, wrapped).broken
+
+    def put(self, why: str | None) -> None:
+        if why is not None:
+            getattr(self, wrapped).broken = why
+
+    return property(get, put)
+
+
 class Shard:
     """One shard's bytes. Subclasses implement ``_pread`` and may speed up ``read_at``."""
 

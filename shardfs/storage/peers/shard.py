@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from shardfs.storage import deadline, origin
-from shardfs.storage.base import Shard, ShardIOError
+from shardfs.storage.base import Shard, ShardIOError, broken_of
 from shardfs.storage.peers import owner
 from shardfs.storage.peers.client import PeerFailure
 from shardfs.storage.peers.server import serving_peer
@@ -41,16 +41,7 @@ class PeerShard(Shard):
         fell to (then it keeps the shard first, as the owner did). Not placed: ours to read."""
         return self.net.owner_of(self.digest) in (self.net.me, None)
 
-    # One state for both: the inner shard marks itself broken (a changed file), and so may we.
-    # (A shard is never mended: Shard.__init__'s None leaves a broken inner one broken.)
-    @property
-    def broken(self) -> str | None:
-        return self.inner.broken
-
-    @broken.setter
-    def broken(self, why: str | None) -> None:
-        if why is not None:
-            self.inner.broken = why
+    broken = broken_of("inner")  # the inner shard marks itself broken (a changed file), and so may we
 
     def changed(self) -> bool:
         return self.inner.changed()
