@@ -58,7 +58,7 @@ def test_sighup_with_a_shard_rewritten_in_place_answers_eio(tmp_path, mount):
 
 
 def test_a_rescan_tells_of_each_broken_shard_as_it_marks_it(tmp_path):
-    """Each shard's ``on_broken`` (the daemon's slots install it: fuse/table.py) is told when the
+    """Each shard's ``when_broken`` hooks (the daemon's slots add one: fuse/table.py) are told when the
     rescan marks it: the compiled loop stops serving a changed shard's cached bytes then, not once
     the whole new view is built and served."""
     from shardfs.view import dataset
@@ -71,7 +71,7 @@ def test_a_rescan_tells_of_each_broken_shard_as_it_marks_it(tmp_path):
     (src / "a.tar").write_bytes(archive(member(b"a.txt", b"C" * 300)))
     told = []
     for shard in view.shards:
-        shard.on_broken = lambda shard=shard: told.append((shard.path, shard.broken))
+        shard.when_broken(lambda shard=shard: told.append((shard.path, shard.broken)))
     new = dataset.rescan(view, [str(src)], index_dir=str(tmp_path / "idx"))
     assert told == [(str(src / "a.tar"), "changed on disk; remount to serve its new contents")]
     assert [s.path for s in new.shards if s.broken] == [str(src / "a.tar")]
@@ -97,11 +97,11 @@ def test_a_read_that_finds_its_shard_changed_tells_it_once_through_every_wrapper
         stored = LocalShard(str(path), st.st_size, st.st_mtime_ns)
         served = PeerShard(StreamShard(stored, len(tar)) if compressed else stored, net=None)
         slots = Slots()
-        slot = slots.slot(served)  # as the RAM cache's or the tier's first publication makes it
-        slot.direct = True
+        # as the caches' first publication makes them: the inner one's by an index build's fill
+        slot, inner_slot = slots.slot(served), slots.slot(served.inner)
+        slot.direct = inner_slot.direct = True
         told = []
-        slots_hook = served.on_broken
-        served.on_broken = lambda: (told.append(served.broken), slots_hook())
+        served.when_broken(lambda: told.append(served.broken))
         storage = served.inner  # what the peer shard reads where no peer gives the bytes
         path.write_bytes(path.read_bytes() + b"\0" * 512)  # rewritten: another size
         for _ in range(2):
@@ -109,4 +109,4 @@ def test_a_read_that_finds_its_shard_changed_tells_it_once_through_every_wrapper
                 storage.pread(512, 512)
         assert told == ["changed since its index was built (size or mtime differ)"], compressed
         assert served.broken == stored.broken == told[0]
-        assert slot.direct is False  # slots.forget ran: the compiled loop answers it no more
+        assert slot.direct is inner_slot.direct is False  # slots.forget ran: the compiled loop answers neither

@@ -81,7 +81,7 @@ class _Decompressed(Shard):
         self.stored, self.remote, self.window = stored, stored.remote, max(stored.window, 1 << 20)
         # the caches' identity of its bytes (tierfile.identity, peers): never the stored file's
         self.tag = f"decompressed:{stored.size}:{getattr(stored, 'tag', None) or ''}"
-        stored.on_broken = self._tell_broken
+        stored.when_broken(self._tell_broken)
 
     broken = broken_of("stored")  # a changed file as stored is a changed tar, and the other way round
 

@@ -36,7 +36,7 @@ class Slots:
             found = self._slots.get(shard)
             if found is None:
                 found = self._slots[shard] = _lowlevel.Slot()
-                shard.on_broken = lambda: self.forget(shard)  # once it is, not one read of it more in C
+                shard.when_broken(lambda: self.forget(shard))  # once it is, not one read of it more in C
             return found
 
     def _known(self, shard: Shard) -> _lowlevel.Slot | None:

@@ -39,7 +39,7 @@ class ShardIOError(ShardfsError, OSError):
 
 def broken_of(wrapped: str) -> property:
     """A wrapping shard's ``broken``: one state with the shard it wraps (attribute ``wrapped``).
-    Either may mark it (a wrapper passes the wrapped one's ``on_broken`` on: its own
+    Either may mark it (a wrapper passes the wrapped one's ``when_broken`` on: its own
     ``_tell_broken``). Never mended: Shard.__init__'s None leaves a broken wrapped shard broken."""
 
     def get(self) -> str | None:
@@ -68,9 +68,7 @@ class Shard:
         # Told of every pread's bytes (offset, data): an index build keeping what it reads in the
         # caches as it goes (storage/buildfill.py), so that the first epoch does not read it again.
         self.on_read = None
-        # Told (no arguments) once, when the shard is marked broken: the compiled loop stops
-        # serving the bytes it holds of it at once (fuse/table.py Slots), not at the next rescan.
-        self.on_broken = None
+        self._broken_hooks: list = []  # when_broken
         self._lock = threading.RLock()  # mark_broken may run with it held (RLock)
 
     # ---- reading ---------------------------------------------------------------------
@@ -128,9 +126,17 @@ class Shard:
             self._tell_broken()
         return ShardIOError(f"{self.path}: {why}", unavailable=True, permanent=True)
 
+    def when_broken(self, hook) -> None:
+        """``hook()`` is called once, when the shard is marked broken: the compiled loop stops
+        serving the bytes it holds of it then (fuse/table.py Slots), not at the next rescan."""
+        with self._lock:
+            self._broken_hooks.append(hook)
+
     def _tell_broken(self) -> None:
-        if self.on_broken is not None:
-            self.on_broken()
+        with self._lock:
+            hooks = list(self._broken_hooks)
+        for hook in hooks:
+            hook()
 
     def read_failed(self, offset: int, why: str, unavailable: bool = False) -> ShardIOError:
         """A read failed (EIO from storage, a store not answering): this read answers EIO; the

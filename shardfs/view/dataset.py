@@ -262,7 +262,7 @@ def rescan(previous: Dataset, sources: list[str], index_dir: str | None = None,
     Only a definite answer (listed without it, 404, another size, mtime or tag) counts as a
     change: when storage fails to answer (a listing, a stat or HEAD that times out or fails
     otherwise), the rescan raises RescanPostponed and the previous view stays as it is.
-    Each shard is marked broken as it is found (``Shard.on_broken``: the compiled loop stops
+    Each shard is marked broken as it is found (``Shard.when_broken``: the compiled loop stops
     serving its cached bytes then, not when the new view is served).
     """
     try:

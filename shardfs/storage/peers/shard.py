@@ -33,7 +33,7 @@ class PeerShard(Shard):
         self.digest = owner.digest(owner.identity(inner.path, inner.size, inner.mtime_ns, self.tag))
         self._lacking: dict[str, float] = {}  # peer -> until when it is taken not to hold this shard
         self._not_held: dict[str, float] = {}  # the same for a former owner's RAM (GET /held)
-        inner.on_broken = self._tell_broken  # the inner shard marks itself broken: we are told as one
+        inner.when_broken(self._tell_broken)  # the inner shard marks itself broken: we are told as one
 
     @property
     def owned(self) -> bool:
