@@ -34,10 +34,15 @@ class Slots:
     def slot(self, shard: Shard) -> _lowlevel.Slot:
         with self._lock:
             found = self._slots.get(shard)
-            if found is None:
-                found = self._slots[shard] = _lowlevel.Slot()
-                shard.when_broken(lambda: self.forget(shard))  # once it is, not one read of it more in C
-            return found
+            if found is not None:
+                return found
+            found = self._slots[shard] = _lowlevel.Slot()
+        # Once it is broken, not one read of it more in C. (Not under our lock: a shard may be
+        # marked, and tell us, with its own lock held.)
+        shard.when_broken(lambda: self.forget(shard))
+        if shard.broken:  # marked just before
+            self.forget(shard)
+        return found
 
     def _known(self, shard: Shard) -> _lowlevel.Slot | None:
         with self._lock:
