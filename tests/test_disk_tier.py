@@ -69,6 +69,13 @@ def read_all(root, digests, seed: int = 0) -> None:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def read_uncached(root, name) -> bytes:
+    """The file's bytes through the mount, none from the kernel's page cache."""
+    with open(os.path.join(root, name), "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return f.read()
+
+
 def cached(tier) -> list[dict]:
     return json.loads(shardfs_cmd("cache", "ls", str(tier), "--json", check=True).stdout)
 
@@ -400,11 +407,8 @@ def test_a_shard_changed_under_a_live_mount_answers_eio_not_tier_bytes(tmp_path,
     m.rescan()
     assert m.stats()["shards_broken"] == 2
     for name in first:
-        path = os.path.join(m.path, name)
-        with open(path, "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            with pytest.raises(OSError) as exc:
-                f.read()
+        with pytest.raises(OSError) as exc:
+            read_uncached(m.path, name)
         assert exc.value.errno == errno.EIO, name
 
 
@@ -423,20 +427,14 @@ def test_a_read_that_finds_its_shard_changed_stops_the_tier_bytes_in_c_at_once(t
     assert served_in_c > 0
     write_shards(src, seed=2, shards=1, members=6)  # part-00.tar: same names, other bytes
     flip_byte(next(c["path"] for c in cached(tier) if c["source"].endswith("part-00.tar")), at[damaged] + 10)
-
-    def read(name):
-        with open(os.path.join(m.path, name), "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            return f.read()
-
     for name in [damaged] + others:
         with pytest.raises(OSError) as exc:
-            read(name)
+            read_uncached(m.path, name)
         assert exc.value.errno == errno.EIO, name
     assert m.stats()["reads_in_c_from_disk"] == served_in_c
     assert "changed since its index was built" in m.log()
     for name in (n for n in first if "f1_" in n):  # part-01.tar: unchanged, still served
-        assert hashlib.sha256(read(name)).hexdigest() == first[name]
+        assert hashlib.sha256(read_uncached(m.path, name)).hexdigest() == first[name]
 
 
 def test_an_unmount_during_a_fill_of_hung_storage_exits_at_once_and_the_fill_resumes(tmp_path, mount,

@@ -110,3 +110,31 @@ def test_a_read_that_finds_its_shard_changed_tells_it_once_through_every_wrapper
         assert told == ["changed since its index was built (size or mtime differ)"], compressed
         assert served.broken == stored.broken == told[0]
         assert slot.direct is inner_slot.direct is False  # slots.forget ran: the compiled loop answers neither
+
+
+def test_a_wrapper_marked_from_above_tells_the_shard_it_wraps_too(tmp_path):
+    """A rescan marks the shard the view holds (a peer shard around a decompressed tar): the
+    slots of the shards under it (an index build's fill publishes the inner one) are told as well."""
+    from shardfs.formats.ctar import StreamShard
+    from shardfs.fuse.table import Slots
+    from shardfs.storage.local import LocalShard
+    from shardfs.storage.peers.shard import PeerShard
+
+    path = tmp_path / "a.tar.gz"
+    path.write_bytes(b"\x1f\x8b" + bytes(100))
+    st = path.stat()
+    stored = LocalShard(str(path), st.st_size, st.st_mtime_ns)
+    served = PeerShard(StreamShard(stored, 10240), net=None)
+    slots = Slots()
+    held = [slots.slot(s) for s in (served, served.inner, stored)]
+    for slot in held:
+        slot.direct = True
+    told = []
+    for shard in (served, served.inner, stored):
+        shard.when_broken(lambda shard=shard: told.append(type(shard).__name__))
+    served.mark_broken("changed on disk")
+    assert sorted(told) == ["LocalShard", "PeerShard", "StreamShard"]
+    assert served.broken == served.inner.broken == stored.broken == "changed on disk"
+    assert [slot.direct for slot in held] == [False] * 3
+    served.mark_broken("again")  # once only
+    assert len(told) == 3 and stored.broken == "changed on disk"

@@ -36,7 +36,7 @@ from shardfs.formats import compressed, format_for
 from shardfs.formats.base import OtherFormat, ShardFormatError
 from shardfs.formats.tar import TarFormat
 from shardfs.storage import buffers
-from shardfs.storage.base import Shard, ShardIOError, broken_of
+from shardfs.storage.base import SHARED_BROKEN, Shard, ShardIOError
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,10 @@ class _Decompressed(Shard):
         self.tag = f"decompressed:{stored.size}:{getattr(stored, 'tag', None) or ''}"
         stored.when_broken(self._tell_broken)
 
-    broken = broken_of("stored")  # a changed file as stored is a changed tar, and the other way round
+    broken = SHARED_BROKEN  # a changed file as stored is a changed tar, and the other way round
+
+    def _wrapped(self) -> Shard:
+        return self.stored
 
     def changed(self) -> bool:
         return self.stored.changed()

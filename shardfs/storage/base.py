@@ -37,19 +37,17 @@ class ShardIOError(ShardfsError, OSError):
         return self.strerror
 
 
-def broken_of(wrapped: str) -> property:
-    """A wrapping shard's ``broken``: one state with the shard it wraps (attribute ``wrapped``).
-    Either may mark it (a wrapper passes the wrapped one's ``when_broken`` on: its own
-    ``_tell_broken``). Never mended: Shard.__init__'s None leaves a broken wrapped shard broken."""
+def _shared_get(self) -> str | None:
+    return self._wrapped().broken
 
-    def get(self) -> str | None:
-        return getattr(self, wrapped).broken
 
-    def put(self, why: str | None) -> None:
-        if why is not None:
-            getattr(self, wrapped).broken = why
+def _shared_put(self, why: str | None) -> None:
+    if why is not None:  # (Shard.__init__'s None leaves a broken wrapped shard broken)
+        raise AttributeError("a wrapping shard is marked through mark_broken")
 
-    return property(get, put)
+
+# A wrapping shard's ``broken`` (beside its ``_wrapped``): one state with the shard it wraps.
+SHARED_BROKEN = property(_shared_get, _shared_put)
 
 
 class Shard:
@@ -115,8 +113,16 @@ class Shard:
 
     # ---- failures ----------------------------------------------------------------------
 
+    def _wrapped(self) -> Shard | None:
+        """The shard a wrapper (a peer shard, a decompressed view) shares its broken state with:
+        it registers its ``_tell_broken`` there, and is marked by marking that one."""
+        return None
+
     def mark_broken(self, why: str) -> ShardIOError:
         """The shard is unusable for good (changed, truncated, gone): all its files answer EIO."""
+        wrapped = self._wrapped()
+        if wrapped is not None:  # its hooks, then ours through it: whichever of the two a cache knows
+            return wrapped.mark_broken(why)
         with self._lock:
             first = self.broken is None
             if first:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from shardfs.storage import deadline, origin
-from shardfs.storage.base import Shard, ShardIOError, broken_of
+from shardfs.storage.base import SHARED_BROKEN, Shard, ShardIOError
 from shardfs.storage.peers import owner
 from shardfs.storage.peers.client import PeerFailure
 from shardfs.storage.peers.server import serving_peer
@@ -41,7 +41,10 @@ class PeerShard(Shard):
         fell to (then it keeps the shard first, as the owner did). Not placed: ours to read."""
         return self.net.owner_of(self.digest) in (self.net.me, None)
 
-    broken = broken_of("inner")  # the inner shard marks itself broken (a changed file), and so may we
+    broken = SHARED_BROKEN  # the inner shard marks itself broken (a changed file), and so may we
+
+    def _wrapped(self) -> Shard:
+        return self.inner
 
     def changed(self) -> bool:
         return self.inner.changed()
